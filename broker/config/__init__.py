@@ -1,0 +1,1 @@
+"""Loading and validating user input: inventory files and bags."""

@@ -1,0 +1,131 @@
+"""Typed, immutable domain objects shared by every part of the broker.
+
+Units live in names: ``*_s`` seconds, ``*_usd`` dollars, ``*_per_hour`` USD per hour.
+Work is measured in *reference seconds*: seconds of a task on one slot of speed 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from .billing import Billing
+
+
+@dataclass(frozen=True, slots=True)
+class MachineType:
+    """A rentable (public cloud) instance type.
+
+    ``slots`` tasks run at once per instance, each at ``speed`` reference seconds per second.
+    ``limit`` caps how many instances of the type may run at once; ``boot_s`` is launch to ready.
+    """
+
+    name: str
+    slots: int
+    speed: float
+    price_per_hour: float
+    limit: int
+    boot_s: float = 0.0
+    billing: Billing = field(default_factory=Billing.hourly)
+
+    @property
+    def capacity_per_s(self) -> float:
+        """Reference seconds of work one instance does per wall second (all slots busy)."""
+        return self.slots * self.speed
+
+    @property
+    def unit_cost_usd(self) -> float:
+        return self.billing.unit_cost_usd(self.price_per_hour)
+
+    @property
+    def efficiency(self) -> float:
+        """Work per dollar (reference seconds per USD); +inf for free machines."""
+        if self.price_per_hour <= 0:
+            return float("inf")
+        return self.capacity_per_s * 3600.0 / self.price_per_hour
+
+
+@dataclass(frozen=True, slots=True)
+class PrivateNode:
+    """A machine the user owns: always on, no billing unit, an amortized hourly cost."""
+
+    name: str
+    slots: int
+    speed: float = 1.0
+    cost_per_hour: float = 0.0
+    local: bool = False
+    host: str | None = None
+    user: str | None = None
+    key: str | None = None
+    port: int = 22
+
+    @property
+    def capacity_per_s(self) -> float:
+        return self.slots * self.speed
+
+
+@dataclass(frozen=True, slots=True)
+class AwsSettings:
+    """Connection fields for live runs; all optional so plans and simulations need none."""
+
+    region: str | None = None
+    ami: str | None = None
+    key_name: str | None = None
+    security_group: str | None = None
+    subnet: str | None = None
+    instance_profile: str | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    private: tuple[PrivateNode, ...] = ()
+    types: tuple[MachineType, ...] = ()
+    aws: AwsSettings = field(default_factory=AwsSettings)
+    source: str | None = None
+
+    def type_named(self, name: str) -> MachineType:
+        for t in self.types:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One task of a bag. ``estimates_s`` maps an estimation tool's name to its guess (ref s)."""
+
+    id: str
+    command: str
+    params: Mapping[str, object] = field(default_factory=dict)
+    estimates_s: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Bag:
+    tasks: tuple[Task, ...]
+    timeout_s: float
+    retries: int = 2
+    setup: str | None = None
+    workdir: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    outputs: str | None = None
+    name: str = "bag"
+    source: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+
+@dataclass(frozen=True, slots=True)
+class ExistingInstance:
+    """An instance already running (or booting) that a re-plan must take into account.
+
+    Times are on the same clock as the planner's ``now``.
+    """
+
+    id: str
+    type_name: str
+    launched_at_s: float
+    paid_until_s: float
+    ready_at_s: float | None = None  # when it can take work; None = already ready

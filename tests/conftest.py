@@ -1,0 +1,1 @@
+"""Shared fixtures. Fixtures for real servers live in their own modules, imported here."""
