@@ -1,0 +1,279 @@
+"""The inventory file: where tasks can run (private nodes) and what can be rented (EC2 types).
+
+Schema (every key but the marked ones optional)::
+
+    private:                      # nodes you own
+      - name: lab-a               # required, unique
+        local: true               # this machine; or host: (then user, key, port; port 22)
+        slots: 2                  # required, integer >= 1
+        speed: 1.0                # > 0 reference seconds per second, default 1
+        cost_per_hour: 0          # USD >= 0, default 0
+    aws:
+      region, ami, key_name, security_group, subnet, instance_profile: strings
+      tags: {key: value}          # extra tags on every instance, string values
+      billing: hourly | per-second | {unit: 1h, minimum: 60s}     # default hourly
+      types:
+        - name: c5.xlarge         # required, unique
+          slots: 4                # required, integer >= 1
+          speed: 5                # required, > 0
+          price: 0.17             # required, USD per hour >= 0
+          limit: 20               # required, integer >= 0: most instances running at once
+          boot: 90s               # launch to ready, default 0
+          billing: ...            # overrides aws.billing for this type
+
+An inventory of types alone is enough to plan and simulate. ``live=True`` (a real run)
+additionally demands the AWS connection fields ``region``, ``ami``, ``key_name`` and
+``security_group`` when any type is declared, and checks that every SSH key file exists
+and is readable by its owner only, as ``ssh`` itself insists.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from broker.core.billing import Billing
+from broker.core.model import AwsSettings, Inventory, MachineType, PrivateNode
+
+from .errors import ConfigError, Problem
+from .fields import Checker, join, suggestion
+from .yamlsource import Node, load_yaml
+
+_LIVE_AWS_FIELDS = ("region", "ami", "key_name", "security_group")
+_OPTIONAL_AWS_FIELDS = ("subnet", "instance_profile")
+_BILLING_NAMES = {"hourly": Billing.hourly, "per-second": Billing.per_second}
+
+
+def load_inventory(path: str | os.PathLike[str], *, live: bool = False) -> Inventory:
+    """Read and validate the inventory at ``path``; :class:`ConfigError` lists every problem."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([Problem(source, None, "inventory file not found")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([Problem(source, None, f"cannot read the inventory file: {exc}")]) from None
+    return parse_inventory(text, source, live=live)
+
+
+def parse_inventory(text: str, source: str = "<inventory>", *, live: bool = False) -> Inventory:
+    """Validate inventory YAML ``text``; ``source`` names it in messages and in ``Inventory.source``."""
+    root = load_yaml(text, source)
+    check = Checker(source)
+    top = check.mapping(root, "", optional=("private", "aws")) or {}
+    private = _private_nodes(check, top.get("private"), live)
+    aws, types = _aws_section(check, top.get("aws"), live)
+    for clash in sorted({n.name for n in private} & {t.name for t in types}):
+        check.problem(None, f"the name '{clash}' is used by a private node and an EC2 type; names must differ", None)
+    if not check.problems and not private and not types:
+        check.problem(None, "the inventory declares no private nodes and no EC2 types: nothing could run a task", None)
+    check.raise_if_any()
+    return Inventory(private=tuple(private), types=tuple(types), aws=aws, source=source)
+
+
+def _check_unique_names(check: Checker, items: tuple[Node, ...], path: str, what: str) -> None:
+    """Report every item whose ``name`` repeats an earlier one's, citing both lines."""
+    first_line: dict[str, int] = {}
+    for index, item in enumerate(items):
+        name_node = item.value.get("name") if item.is_mapping else None
+        if name_node is None or not isinstance(name_node.value, str):
+            continue
+        name = name_node.value
+        if name in first_line:
+            check.problem(
+                join(join(path, index), "name"),
+                f"duplicate {what} name '{name}' (first used on line {first_line[name]})",
+                name_node.where,
+            )
+        else:
+            first_line[name] = name_node.where
+
+
+# -- private nodes ------------------------------------------------------------------------
+def _private_nodes(check: Checker, node: Node | None, live: bool) -> list[PrivateNode]:
+    items = check.sequence(node, "private") or ()
+    _check_unique_names(check, items, "private", "private node")
+    parsed = (_private_node(check, item, join("private", index), live) for index, item in enumerate(items))
+    return [p for p in parsed if p is not None]
+
+
+def _private_node(check: Checker, item: Node, path: str, live: bool) -> PrivateNode | None:
+    fields = check.mapping(
+        item,
+        path,
+        required=("name", "slots"),
+        optional=("local", "host", "user", "key", "port", "speed", "cost_per_hour"),
+    )
+    if fields is None:
+        return None
+    before = len(check.problems)
+    name = check.string(fields["name"], join(path, "name")) if "name" in fields else None
+    slots = check.integer(fields["slots"], join(path, "slots"), minimum=1) if "slots" in fields else None
+    speed = check.number(fields["speed"], join(path, "speed"), positive=True) if "speed" in fields else 1.0
+    cost = (
+        check.number(fields["cost_per_hour"], join(path, "cost_per_hour"), minimum=0)
+        if "cost_per_hour" in fields
+        else 0.0
+    )
+    local = check.boolean(fields["local"], join(path, "local")) if "local" in fields else False
+    host = check.string(fields["host"], join(path, "host")) if "host" in fields else None
+    user = check.string(fields["user"], join(path, "user")) if "user" in fields else None
+    port = check.integer(fields["port"], join(path, "port"), minimum=1, maximum=65535) if "port" in fields else 22
+    key = _key_path(check, fields["key"], join(path, "key"), live) if "key" in fields else None
+
+    ssh_fields = [k for k in ("host", "user", "key", "port") if k in fields]
+    if local and "host" in fields:
+        check.problem(join(path, "host"), "give either local: true or host, not both", fields["host"].where)
+    elif local and ssh_fields:
+        check.problem(
+            join(path, ssh_fields[0]),
+            f"{', '.join(ssh_fields)} only apply to SSH nodes (this one is local: true)",
+            fields[ssh_fields[0]].where,
+        )
+    elif not local and "host" not in fields and "local" not in fields:
+        check.problem(path, "a private node needs host: (reached over SSH) or local: true", item.line)
+    elif not local and "host" not in fields:
+        check.problem(join(path, "local"), "local: false needs a host: to reach the node over SSH", fields["local"].where)
+
+    if len(check.problems) > before or name is None or slots is None:
+        return None
+    return PrivateNode(
+        name=name,
+        slots=slots,
+        speed=speed,
+        cost_per_hour=cost,
+        local=bool(local),
+        host=host,
+        user=user,
+        key=key,
+        port=port,
+    )
+
+
+def _key_path(check: Checker, node: Node, path: str, live: bool) -> str | None:
+    """The SSH key file with ``~`` expanded; when ``live``, it must exist and be private to its owner."""
+    text = check.string(node, path, what="a path to an SSH private key")
+    if text is None:
+        return None
+    key = os.path.expanduser(text)
+    if not live:
+        return key
+    try:
+        mode = os.stat(key).st_mode
+    except FileNotFoundError:
+        check.problem(path, f"SSH key file not found: {key}", node.where)
+        return None
+    except OSError as exc:
+        check.problem(path, f"cannot read SSH key file {key}: {exc.strerror}", node.where)
+        return None
+    if not stat.S_ISREG(mode):
+        check.problem(path, f"SSH key {key} is not a regular file", node.where)
+        return None
+    if mode & 0o077:
+        check.problem(
+            path,
+            f"SSH key {key} is accessible by group or others (mode {stat.S_IMODE(mode):04o}); "
+            f"ssh refuses such keys: run chmod 600 {key}",
+            node.where,
+        )
+        return None
+    return key
+
+
+# -- AWS ----------------------------------------------------------------------------------
+def _aws_section(check: Checker, node: Node | None, live: bool) -> tuple[AwsSettings, list[MachineType]]:
+    fields = check.mapping(
+        node,
+        "aws",
+        optional=(*_LIVE_AWS_FIELDS, *_OPTIONAL_AWS_FIELDS, "tags", "billing", "types"),
+    )
+    if fields is None:
+        return AwsSettings(), []
+    strings = {
+        key: check.string(fields[key], join("aws", key))
+        for key in (*_LIVE_AWS_FIELDS, *_OPTIONAL_AWS_FIELDS)
+        if key in fields
+    }
+    tags = _tags(check, fields.get("tags"))
+    default_billing = _billing(check, fields["billing"], "aws.billing") if "billing" in fields else Billing.hourly()
+    types = _machine_types(check, fields.get("types"), default_billing or Billing.hourly())
+    if live and "types" in fields and fields["types"].is_sequence and fields["types"].value:
+        where = node.where if node is not None else None
+        for key in _LIVE_AWS_FIELDS:
+            if key not in fields:
+                check.problem(join("aws", key), f"a live run that rents EC2 instances needs aws.{key}", where)
+    return AwsSettings(tags=tags, **strings), types
+
+
+def _tags(check: Checker, node: Node | None) -> dict[str, str]:
+    """Extra instance tags; keys beginning with ``aws:`` belong to AWS and are refused."""
+    tags = check.string_map(node, "aws.tags", what="tag key", identifier_keys=False)
+    members = node.value if node is not None and node.is_mapping else {}
+    for key, member in members.items():
+        if key.lower().startswith("aws:"):
+            check.problem(join("aws.tags", key), "tag keys starting with 'aws:' are reserved by AWS", member.where)
+    return tags or {}
+
+
+def _billing(check: Checker, node: Node, path: str) -> Billing | None:
+    """``hourly``, ``per-second``, or ``{unit: DURATION, minimum: DURATION}`` (minimum default 0)."""
+    if isinstance(node.value, str):
+        make = _BILLING_NAMES.get(node.value)
+        if make is None:
+            check.problem(
+                path,
+                f"unknown billing model '{node.value}'{suggestion(node.value, _BILLING_NAMES)}; "
+                "or give {unit: ..., minimum: ...}",
+                node.where,
+            )
+            return None
+        return make()
+    if not node.is_mapping:
+        check.problem(path, "expected hourly, per-second or {unit: DURATION, minimum: DURATION}", node.where)
+        return None
+    fields = check.mapping(node, path, required=("unit",), optional=("minimum",))
+    if fields is None or "unit" not in fields:
+        return None
+    unit_s = check.duration(fields["unit"], join(path, "unit"), positive=True)
+    minimum_s = check.duration(fields["minimum"], join(path, "minimum")) if "minimum" in fields else 0.0
+    if unit_s is None or minimum_s is None:
+        return None
+    return Billing.custom(unit_s, minimum_s)
+
+
+def _machine_types(check: Checker, node: Node | None, default_billing: Billing) -> list[MachineType]:
+    items = check.sequence(node, "aws.types") or ()
+    _check_unique_names(check, items, "aws.types", "EC2 type")
+    parsed = (_machine_type(check, item, join("aws.types", index), default_billing) for index, item in enumerate(items))
+    return [t for t in parsed if t is not None]
+
+
+def _machine_type(check: Checker, item: Node, path: str, default_billing: Billing) -> MachineType | None:
+    fields = check.mapping(
+        item,
+        path,
+        required=("name", "slots", "speed", "price", "limit"),
+        optional=("boot", "billing"),
+    )
+    if fields is None:
+        return None
+    before = len(check.problems)
+    name = check.string(fields["name"], join(path, "name")) if "name" in fields else None
+    slots = check.integer(fields["slots"], join(path, "slots"), minimum=1) if "slots" in fields else None
+    speed = check.number(fields["speed"], join(path, "speed"), positive=True) if "speed" in fields else None
+    price = check.number(fields["price"], join(path, "price"), minimum=0) if "price" in fields else None
+    limit = check.integer(fields["limit"], join(path, "limit"), minimum=0) if "limit" in fields else None
+    boot_s = check.duration(fields["boot"], join(path, "boot")) if "boot" in fields else 0.0
+    billing = _billing(check, fields["billing"], join(path, "billing")) if "billing" in fields else default_billing
+    if len(check.problems) > before or None in (name, slots, speed, price, limit, boot_s, billing):
+        return None
+    return MachineType(
+        name=name,
+        slots=slots,
+        speed=speed,
+        price_per_hour=price,
+        limit=limit,
+        boot_s=boot_s,
+        billing=billing,
+    )
