@@ -1,0 +1,220 @@
+"""Fault injection for an EC2 client: the failures moto does not emulate, on demand.
+
+moto never runs out of capacity, never throttles and never loses a response; EC2 does all
+three. A :class:`FaultInjector` attached to a boto3 EC2 client (moto's, in tests and the
+dry-run) makes chosen calls fail the way EC2 would:
+
+====================  ==============================================================
+``CAPACITY``          RunInstances fails with ``InsufficientInstanceCapacity``
+``LIMIT``             RunInstances fails with ``InstanceLimitExceeded``
+``VCPU_LIMIT``        RunInstances fails with ``VcpuLimitExceeded``
+``THROTTLE``          any call fails with ``RequestLimitExceeded``
+``READ_TIMEOUT``      any call times out before EC2 sees it (nothing happened)
+``LOST_RESPONSE``     any call is carried out, then its response is lost (read timeout):
+                      the case that makes a naive retry launch twice
+``PARTIAL``           RunInstances launches ``count // 2`` instances instead of ``count``
+                      (only when ``count >= 2``; with one instance asked it is not injected)
+====================  ==============================================================
+
+Which call fails comes from a schedule: :meth:`FaultInjector.scripted` (the n-th call of an
+operation gets the n-th entry) or :meth:`FaultInjector.seeded` (each call draws a fault with
+given probabilities from a seeded generator, so a property test can replay a failing case).
+Every fault actually injected is appended to :attr:`FaultInjector.log`.
+
+Mechanism: botocore's event hooks on the real client, rather than a wrapper object or a
+``Stubber``. A ``Stubber`` replaces every response, so it cannot be combined with moto; a
+wrapper object is bypassed by anything that reaches the client directly (waiters,
+paginators, ``client.exceptions``) and fails ``isinstance``/``hasattr`` checks. Hooks sit
+inside the genuine client at the points where real failures arise: an error response
+returned at ``before-call`` is turned into the modelled ``ClientError`` by botocore's own
+code, a parameter change at ``before-parameter-build`` reaches moto as a real request, and
+an exception at ``after-call`` follows a call that really happened.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from botocore.awsrequest import AWSResponse
+from botocore.exceptions import ReadTimeoutError
+
+
+class FaultKind(enum.Enum):
+    CAPACITY = "capacity"
+    LIMIT = "limit"
+    VCPU_LIMIT = "vcpu_limit"
+    THROTTLE = "throttle"
+    READ_TIMEOUT = "read_timeout"
+    LOST_RESPONSE = "lost_response"
+    PARTIAL = "partial"
+
+    def applies_to(self, operation: str) -> bool:
+        """Launch-only faults apply to RunInstances; the rest to any operation."""
+        return operation == "RunInstances" or self not in _LAUNCH_ONLY
+
+
+_LAUNCH_ONLY = frozenset({FaultKind.CAPACITY, FaultKind.LIMIT, FaultKind.VCPU_LIMIT, FaultKind.PARTIAL})
+
+# (HTTP status, EC2 error code, message) of the error responses EC2 sends.
+_ERROR_RESPONSES: dict[FaultKind, tuple[int, str, str]] = {
+    FaultKind.CAPACITY: (
+        500,
+        "InsufficientInstanceCapacity",
+        "We currently do not have sufficient capacity in the Availability Zone you requested.",
+    ),
+    FaultKind.LIMIT: (
+        400,
+        "InstanceLimitExceeded",
+        "You have requested more instances than your current instance limit allows.",
+    ),
+    FaultKind.VCPU_LIMIT: (
+        400,
+        "VcpuLimitExceeded",
+        "You have requested more vCPU capacity than your current vCPU limit allows.",
+    ),
+    FaultKind.THROTTLE: (503, "RequestLimitExceeded", "Request limit exceeded."),
+}
+
+Schedule = Callable[[str, int], "FaultKind | None"]
+"""(operation name, 0-based index of this call among calls of that operation) -> fault."""
+
+
+@dataclass(frozen=True, slots=True)
+class Injection:
+    """One fault that was injected: the ``call``-th client call overall (0-based), the
+    ``operation_call``-th of its operation, the kind, and what it did."""
+
+    call: int
+    operation: str
+    operation_call: int
+    kind: FaultKind
+    detail: str = ""
+
+
+class FaultInjector:
+    """Injects the faults a schedule names into the calls of the clients it is attached to."""
+
+    def __init__(self, schedule: Schedule) -> None:
+        self._schedule = schedule
+        self._lock = threading.Lock()
+        self._calls = 0
+        self._operation_calls: dict[str, int] = {}
+        self.log: list[Injection] = []
+        self._attached: list[Any] = []
+
+    # -- schedules -------------------------------------------------------------------------
+    @classmethod
+    def scripted(cls, script: Mapping[str, Sequence[FaultKind | None]]) -> "FaultInjector":
+        """The n-th call of operation ``op`` gets ``script[op][n]``; ``None`` or past the end:
+        no fault. Operation names are EC2's (``RunInstances``, ``DescribeInstances``)."""
+        for operation, kinds in script.items():
+            for kind in kinds:
+                if kind is not None and not kind.applies_to(operation):
+                    raise ValueError(f"{kind.name} cannot be injected into {operation}")
+        frozen = {op: tuple(kinds) for op, kinds in script.items()}
+
+        def schedule(operation: str, index: int) -> FaultKind | None:
+            kinds = frozen.get(operation, ())
+            return kinds[index] if index < len(kinds) else None
+
+        return cls(schedule)
+
+    @classmethod
+    def seeded(
+        cls,
+        seed: int,
+        rates: Mapping[FaultKind, float],
+        operations: Sequence[str] = ("RunInstances",),
+    ) -> "FaultInjector":
+        """Each call of one of ``operations`` draws a fault: kind ``k`` with probability
+        ``rates[k]`` among the kinds that apply to the operation, none with the rest."""
+        if any(r < 0 for r in rates.values()) or sum(rates.values()) > 1.0 + 1e-12:
+            raise ValueError("fault rates must be >= 0 and sum to at most 1")
+        rng = random.Random(seed)
+        ordered = sorted(rates.items(), key=lambda item: item[0].value)  # draw order independent of dict order
+        wanted = frozenset(operations)
+
+        def schedule(operation: str, index: int) -> FaultKind | None:
+            if operation not in wanted:
+                return None
+            u = rng.random()
+            for kind, rate in ordered:
+                if not kind.applies_to(operation):
+                    continue
+                if u < rate:
+                    return kind
+                u -= rate
+            return None
+
+        return cls(schedule)
+
+    # -- attaching ---------------------------------------------------------------------------
+    def attach(self, client: Any) -> Any:
+        """Hook into ``client`` (a boto3 EC2 client) and return it, for chaining."""
+        events = client.meta.events
+        tag = f"broker-faults-{id(self)}"
+        events.register("before-parameter-build.ec2", self._decide, unique_id=f"{tag}-decide")
+        events.register("before-call.ec2", self._before_call, unique_id=f"{tag}-before")
+        events.register("after-call.ec2", self._after_call, unique_id=f"{tag}-after")
+        self._attached.append(client)
+        return client
+
+    def detach(self) -> None:
+        """Remove the hooks from every client this injector was attached to."""
+        tag = f"broker-faults-{id(self)}"
+        for client in self._attached:
+            events = client.meta.events
+            events.unregister("before-parameter-build.ec2", unique_id=f"{tag}-decide")
+            events.unregister("before-call.ec2", unique_id=f"{tag}-before")
+            events.unregister("after-call.ec2", unique_id=f"{tag}-after")
+        self._attached.clear()
+
+    def injected(self, kind: FaultKind | None = None) -> list[Injection]:
+        """The log, optionally only the injections of one kind."""
+        return [i for i in self.log if kind is None or i.kind is kind]
+
+    # -- hooks -------------------------------------------------------------------------------
+    def _decide(self, params: dict[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
+        """Draw this call's fault, apply PARTIAL to the parameters, and note it in ``context``
+        (the per-call dict botocore passes to every later hook of the same call)."""
+        operation = model.name
+        with self._lock:
+            call = self._calls
+            self._calls += 1
+            operation_call = self._operation_calls.get(operation, 0)
+            self._operation_calls[operation] = operation_call + 1
+        kind = self._schedule(operation, operation_call)
+        if kind is None or not kind.applies_to(operation):
+            return
+        detail = ""
+        if kind is FaultKind.PARTIAL:
+            asked = int(params.get("MaxCount", 1))
+            if asked < 2:
+                return
+            launched = asked // 2
+            params["MinCount"] = params["MaxCount"] = launched
+            detail = f"launched {launched} of {asked}"
+        context["broker_fault"] = kind
+        with self._lock:
+            self.log.append(Injection(call, operation, operation_call, kind, detail))
+
+    def _before_call(self, model: Any, context: dict[str, Any], **_: Any) -> tuple[AWSResponse, dict] | None:
+        kind = context.get("broker_fault")
+        if kind is FaultKind.READ_TIMEOUT:
+            raise ReadTimeoutError(endpoint_url=f"(injected) ec2 {model.name}")
+        if kind in _ERROR_RESPONSES:
+            status, code, message = _ERROR_RESPONSES[kind]
+            parsed = {
+                "Error": {"Code": code, "Message": message},
+                "ResponseMetadata": {"HTTPStatusCode": status, "RequestId": "injected-fault"},
+            }
+            return AWSResponse(url="", status_code=status, headers={}, raw=None), parsed
+        return None
+
+    def _after_call(self, model: Any, context: dict[str, Any], **_: Any) -> None:
+        if context.get("broker_fault") is FaultKind.LOST_RESPONSE:
+            raise ReadTimeoutError(endpoint_url=f"(injected, after the call was carried out) ec2 {model.name}")
