@@ -1,0 +1,1 @@
+"""The controller: a snapshot of the world plus the time in, actions (each with a cause) out."""

@@ -1,0 +1,75 @@
+"""Actions the controller asks a shell to carry out. Decisions are data, each with a cause.
+
+Causes are short stable strings (``deadline_at_risk``, ``surplus_at_billing_boundary``,
+``budget_cap``, ...) that end up in the event log, so an operator can tell why the broker
+spent or saved money.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRef:
+    """One task slot: ``node`` is an instance id or a private node's name."""
+
+    node: str
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    type_name: str
+    count: int
+    cause: str
+    release_after_s: float  # planned life: the instance is released at launch + this - margin
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRelease:
+    instance_id: str
+    at_s: float
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRelease:
+    instance_id: str
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
+class Assign:
+    task_id: str
+    slot: SlotRef
+    attempt: int
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
+class Replicate:
+    """Run another copy of a running task; the first result wins, the others are cancelled."""
+
+    task_id: str
+    slot: SlotRef
+    attempt: int
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    task_id: str
+    attempt: int
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
+class StopForBudget:
+    """No further billing unit fits the budget: what is left cannot finish in the cloud."""
+
+    tasks_left: int
+    cause: str = "budget_cap"
+
+
+Action = Launch | ScheduleRelease | CancelRelease | Assign | Replicate | Cancel | StopForBudget

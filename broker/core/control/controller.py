@@ -1,0 +1,487 @@
+"""``Controller.decide(snapshot, memory, now) -> Decision``: the control loop of ALGORITHMS.md 5.
+
+A fixed pipeline of named passes, each pure:
+
+1. ``_finish_or_stop``  bag done or the user stops: release everything now.
+2. ``_sample``          no runtime estimate yet: draw tasks uniformly at random onto free
+                        slots (a minimal instance is launched only if there is nowhere to sample).
+3. ``_plan``            every re-plan interval (or when the fleet is off its plan): remaining
+                        work at its upper confidence value, re-solved against the goal with
+                        the current fleet as existing instances, the policy's fleet rule.
+4. ``_fleet``           diff plan and fleet: launch what is missing; schedule each instance's
+                        release at its planned paid-until minus a margin; lengthen at once,
+                        shorten only after ``scale_down_ticks`` agreeing ticks (hysteresis);
+                        the budget cap is applied to every unit before it is bought.
+5. ``_dispatch``        free slots pull work: largest task that ends before the slot's
+                        release (never one that would be killed or buy an unplanned unit);
+                        tail replication on paid idle slots when nothing is pending.
+
+Budget invariant: every instance always has a scheduled release, and the planned spend
+(each live instance charged up to its scheduled release, plus what terminated ones cost)
+never exceeds the budget; a launch or a lengthening that would break it is cut or refused.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from ..model import MachineType
+from .actions import (
+    Action,
+    Assign,
+    Launch,
+    Replicate,
+    ScheduleRelease,
+    SlotRef,
+    StopForBudget,
+)
+from .estimates import RemainingWork, mean_estimate, remaining_work
+from .planning import FleetPlanner, PlanResult
+from .snapshot import Goal, Memory, NodeView, Snapshot
+
+POLICIES = ("broker", "list", "rr", "firstfit", "1vm4all", "bats")
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    policy: str = "broker"
+    eta: int | None = None  # List_eta: number of most cost-efficient machines
+    tick_s: float = 60.0
+    margin_s: float = 120.0  # release this long before paid-until (above terminate latency)
+    replan_every_s: float = 900.0
+    replan_drift: float = 0.05  # re-plan early when remaining work drifts this much from the plan
+    scale_down_ticks: int = 3
+    confidence_z: float = 1.645
+    replicate: bool = True
+    min_samples: int = 30  # sampling phase length when nothing is known about runtimes
+    fit_safety: float = 1.0  # a task fits when estimate x this <= time to release x speed
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    actions: tuple[Action, ...]
+    memory: Memory
+    remaining: RemainingWork | None = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass
+class _Scratch:
+    """Per-decision working state (never leaves ``decide``)."""
+
+    actions: list[Action] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    taken: set[str] = field(default_factory=set)
+    release: dict[str, float] = field(default_factory=dict)  # instance -> release after this decision
+    launched_usd: float = 0.0
+
+
+class Controller:
+    def __init__(self, goal: Goal, config: ControllerConfig = ControllerConfig(), planner: FleetPlanner | None = None,
+                 private=()):
+        self.goal = goal
+        self.config = config
+        self.planner = planner or FleetPlanner()
+        self.private = tuple(private)
+
+    # ---------------------------------------------------------------------------------------
+    def decide(self, snap: Snapshot, memory: Memory, now: float | None = None, rng=None, tick: bool = True) -> Decision:
+        now = snap.now_s if now is None else now
+        s = _Scratch(release={n.id: n.release_at_s for n in snap.nodes if not n.is_private and n.release_at_s is not None})
+        if self._finish_or_stop(snap, now, s):
+            return Decision(tuple(s.actions), memory, None, tuple(s.notes))
+        mean = mean_estimate(snap)
+        if mean is None or snap.observations.count < self._samples_needed(snap):
+            memory = self._sample(snap, memory, now, rng, s)
+            if mean is None:
+                return Decision(tuple(s.actions), memory, None, tuple(s.notes))
+        # Remaining work is only needed to re-plan; dispatch needs the mean alone.
+        rem = remaining_work(snap, self.config.confidence_z) if tick else None
+        if rem is not None:
+            memory = self._plan_and_fleet(snap, memory, now, rem, s)
+        self._dispatch(snap, memory, now, mean, rng, s)
+        return Decision(tuple(s.actions), memory, rem, tuple(s.notes))
+
+    # -- pass 1 ------------------------------------------------------------------------------
+    def _finish_or_stop(self, snap: Snapshot, now: float, s: _Scratch) -> bool:
+        nothing_left = len(snap.pending) == 0 and not any(n.running for n in snap.nodes)
+        if not (nothing_left or snap.stopping):
+            return False
+        cause = "user_stop" if snap.stopping else "bag_done"
+        for n in snap.nodes:
+            if n.is_private:
+                continue
+            if n.release_at_s is None or n.release_at_s > now:
+                if snap.stopping or not n.running:
+                    s.actions.append(ScheduleRelease(n.id, now, cause))
+        return True
+
+    # -- pass 2 ------------------------------------------------------------------------------
+    def _samples_needed(self, snap: Snapshot) -> int:
+        if snap.prior_mean_ref_s is not None:
+            return 0
+        return min(self.config.min_samples, snap.tasks_total)
+
+    def _sample(self, snap: Snapshot, memory: Memory, now: float, rng, s: _Scratch) -> Memory:
+        """Random draws on every free ready slot until enough runtimes are observed."""
+        ready = [n for n in snap.nodes if n.ready(now)]
+        if not any(n.is_private for n in snap.nodes) and not any(not n.is_private for n in snap.nodes):
+            cheapest = _most_efficient(snap.types.values())
+            if cheapest is not None and cheapest.limit > 0:
+                life = cheapest.billing.billed_s(0)
+                if self._affordable(snap, s, cheapest, 1, life):
+                    s.actions.append(Launch(cheapest.name, 1, "sampling_without_private_nodes", life))
+                    s.launched_usd += cheapest.billing.cost_usd(life, cheapest.price_per_hour)
+        in_flight = sum(len(n.running) for n in snap.nodes)
+        wanted = self._samples_needed(snap) - snap.observations.count - in_flight
+        for node in sorted(ready, key=lambda n: -n.speed):
+            for slot in node.free_slots():
+                if wanted <= 0:
+                    return memory
+                tid = snap.pending.draw(rng, s.taken) if rng is not None else None
+                if tid is None:
+                    r = snap.pending.largest_fitting(math.inf, 0.0, s.taken)
+                    tid = r[0] if r else None
+                if tid is None:
+                    return memory
+                s.taken.add(tid)
+                s.actions.append(Assign(tid, SlotRef(node.id, slot), 1, "sampling"))
+                wanted -= 1
+        return memory
+
+    # -- passes 3 and 4 ----------------------------------------------------------------------
+    def _plan_and_fleet(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork, s: _Scratch) -> Memory:
+        policy = self.config.policy
+        if policy != "broker":
+            return self._baseline_fleet(snap, memory, now, rem, s)
+        due = (
+            memory.last_plan_at_s is None
+            or now - memory.last_plan_at_s >= self.config.replan_every_s - 1e-9
+            or self._drifted(snap, memory, now, rem)
+        )
+        if not due:
+            return memory
+        memory = self._resolve_goal(snap, memory, now, rem)
+        result = self._solve(snap, memory, now, rem)
+        memory = replace(memory, last_plan_at_s=now)
+        if result.plan is None:
+            s.notes.append(result.reason or "no plan")
+            if self.goal.kind == "budget" and not memory.budget_stopped:
+                # BaTS semantics: what is left cannot be bought; finish what paid and private
+                # capacity can, and say so once.
+                s.actions.append(StopForBudget(len(snap.pending)))
+                memory = replace(memory, budget_stopped=True)
+            return replace(memory, plan_failures=memory.plan_failures + 1, last_note=result.reason)
+        memory = replace(
+            memory,
+            last_plan=result.plan,
+            planned_makespan_s=(now - snap.started_at_s) + result.plan.makespan_s,
+            planned_cost_usd=snap.committed_usd + result.plan.cost_usd,
+            last_note=result.reason,
+        )
+        return self._apply_plan(snap, memory, now, result, s)
+
+    def _drifted(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork) -> bool:
+        """True when the fleet cannot finish the remaining work by the planned end."""
+        if memory.planned_makespan_s is None:
+            return True
+        end = snap.started_at_s + memory.planned_makespan_s
+        capacity = 0.0
+        for n in snap.nodes:
+            if n.lost:
+                continue
+            start = max(now, n.ready_at_s or now)
+            stop = end if n.is_private else min(end, (n.release_at_s or end))
+            capacity += n.slots * n.speed * max(0.0, stop - start)
+        return capacity < rem.upper_ref_s * (1 - self.config.replan_drift) or capacity > rem.upper_ref_s * 3 + 1
+
+    def _resolve_goal(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork) -> Memory:
+        g = self.goal
+        if memory.deadline_at_s is not None or g.kind in ("budget",):
+            return memory
+        if g.kind == "deadline":
+            return replace(memory, deadline_at_s=snap.started_at_s + float(g.value))
+        if g.kind in ("point", "theta", "none"):
+            chosen = self.planner.front_choice(self._planner_input(snap, now, rem), g)
+            if chosen is not None:
+                return replace(memory, deadline_at_s=now + chosen.makespan_s)
+        return memory
+
+    def _planner_input(self, snap: Snapshot, now: float, rem: RemainingWork):
+        return self.planner.input(
+            types=tuple(snap.types.values()),
+            private=self.private,
+            nodes=snap.nodes,
+            rem=rem,
+            now_s=now,
+        )
+
+    def _solve(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork) -> PlanResult:
+        pin = self._planner_input(snap, now, rem)
+        if self.goal.kind == "budget":
+            budget_left = float(self.goal.value) - self._planned_spend(snap, {}, now)
+            return self.planner.fastest_within(pin, budget_left)
+        deadline_s = (memory.deadline_at_s or math.inf) - now
+        return self.planner.cheapest_by(pin, deadline_s)
+
+    def _apply_plan(self, snap: Snapshot, memory: Memory, now: float, result: PlanResult, s: _Scratch) -> Memory:
+        plan = result.plan
+        margin = self.config.margin_s
+        shorten = dict(memory.shorten_streak)
+        by_id = {n.id: n for n in snap.nodes}
+        for ext in plan.existing:
+            node = by_id.get(ext.instance_id)
+            if node is None or node.is_private:
+                continue
+            target = max(now, ext.release_at_s - margin)
+            current = s.release.get(node.id)
+            if current is not None and abs(target - current) < 1.0:
+                shorten.pop(node.id, None)
+                continue
+            if current is None or target > current:
+                t = snap.types[node.type_name]
+                if self._affordable_extension(snap, s, node, t, target, now):
+                    s.actions.append(ScheduleRelease(node.id, target, "plan_needs_longer" if current else "plan"))
+                    s.release[node.id] = target
+                else:
+                    s.notes.append(f"budget cap: {node.id} not extended")
+                shorten.pop(node.id, None)
+            else:
+                streak = shorten.get(node.id, 0) + 1
+                if streak >= self.config.scale_down_ticks:
+                    s.actions.append(ScheduleRelease(node.id, target, "surplus_at_billing_boundary"))
+                    s.release[node.id] = target
+                    shorten.pop(node.id, None)
+                else:
+                    shorten[node.id] = streak
+        for group in plan.new:
+            t = snap.types[group.type_name]
+            count = group.count
+            while count > 0 and not self._affordable(snap, s, t, count, group.release_after_s):
+                count -= 1
+            if count < group.count:
+                s.notes.append(f"budget cap: launching {count} of {group.count} {t.name}")
+            if count > 0:
+                s.actions.append(Launch(t.name, count, result.cause or "plan", group.release_after_s - margin))
+                s.launched_usd += count * t.billing.cost_usd(group.release_after_s, t.price_per_hour)
+        self._budget_guard(snap, memory, now, s)
+        return replace(memory, shorten_streak=shorten)
+
+    # -- budget ------------------------------------------------------------------------------
+    def _planned_spend(self, snap: Snapshot, release: dict[str, float], now: float) -> float:
+        """Committed spend plus what every live instance will cost up to its scheduled release."""
+        total = snap.committed_usd
+        for n in snap.nodes:
+            if n.is_private or n.launched_at_s is None:
+                continue
+            t = snap.types[n.type_name]
+            rel = release.get(n.id, n.release_at_s)
+            if rel is None:
+                continue
+            so_far = t.billing.cost_usd(max(now, n.launched_at_s) - n.launched_at_s, t.price_per_hour)
+            planned = t.billing.cost_usd(max(rel, now) - n.launched_at_s, t.price_per_hour)
+            total += max(0.0, planned - so_far)
+        return total
+
+    def _budget(self, snap: Snapshot) -> float | None:
+        if self.goal.kind == "budget":
+            return float(self.goal.value)
+        return snap.budget_usd
+
+    def _affordable(self, snap: Snapshot, s: _Scratch, t: MachineType, count: int, life_s: float) -> bool:
+        budget = self._budget(snap)
+        if budget is None:
+            return True
+        cost = count * t.billing.cost_usd(life_s, t.price_per_hour)
+        return self._planned_spend(snap, s.release, snap.now_s) + s.launched_usd + cost <= budget + 1e-9
+
+    def _affordable_extension(self, snap, s: _Scratch, node: NodeView, t: MachineType, target: float, now: float) -> bool:
+        budget = self._budget(snap)
+        if budget is None:
+            return True
+        trial = dict(s.release)
+        trial[node.id] = target
+        return self._planned_spend(snap, trial, now) + s.launched_usd <= budget + 1e-9
+
+    def _budget_guard(self, snap: Snapshot, memory: Memory, now: float, s: _Scratch) -> None:
+        """Pull releases in (latest first) until the planned spend fits the budget."""
+        budget = self._budget(snap)
+        if budget is None:
+            return
+        over = self._planned_spend(snap, s.release, now) + s.launched_usd - budget
+        if over <= 1e-9:
+            return
+        live = sorted(
+            (n for n in snap.nodes if not n.is_private and s.release.get(n.id) is not None),
+            key=lambda n: -(s.release[n.id]),
+        )
+        for n in live:
+            if over <= 1e-9:
+                break
+            t = snap.types[n.type_name]
+            earliest = max(now, t.billing.paid_until(n.launched_at_s, now) - self.config.margin_s)
+            if earliest < s.release[n.id] - 1e-9:
+                before = self._planned_spend(snap, s.release, now)
+                s.release[n.id] = earliest
+                s.actions.append(ScheduleRelease(n.id, earliest, "budget_cap"))
+                over -= before - self._planned_spend(snap, s.release, now)
+
+    # -- baselines (same code path, other fleet rules) ---------------------------------------
+    def _baseline_fleet(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork, s: _Scratch) -> Memory:
+        policy = self.config.policy
+        live = [n for n in snap.nodes if not n.is_private]
+        if memory.last_plan_at_s is None:
+            memory = replace(memory, last_plan_at_s=now)
+            if policy == "list":
+                for name, count in _list_eta_machines(snap.types.values(), self.private, self.config.eta).items():
+                    t = snap.types[name]
+                    s.actions.append(Launch(name, count, "list_eta", math.inf))
+            elif policy == "rr":
+                for t in snap.types.values():
+                    if t.limit > 0:
+                        s.actions.append(Launch(t.name, t.limit, "round_robin_all_machines", math.inf))
+            elif policy == "1vm4all":
+                t = _most_efficient(snap.types.values())
+                if t is not None:
+                    s.actions.append(Launch(t.name, 1, "one_vm_for_all", math.inf))
+            elif policy == "bats":
+                memory = self._bats_fleet(snap, memory, now, rem, s)
+        elif policy == "bats":
+            memory = self._bats_fleet(snap, memory, now, rem, s)
+        if policy == "firstfit":
+            self._firstfit_fleet(snap, now, rem, s)
+        # Baselines keep machines while work is pending and let idle ones go at the end of
+        # their paid time once nothing is pending (they hold no plan to release earlier).
+        if len(snap.pending) == 0:
+            for n in live:
+                if not n.running and (s.release.get(n.id) is None or s.release[n.id] > now):
+                    s.actions.append(ScheduleRelease(n.id, now, "idle_nothing_pending"))
+                    s.release[n.id] = now
+        return memory
+
+    def _firstfit_fleet(self, snap: Snapshot, now: float, rem: RemainingWork, s: _Scratch) -> None:
+        """FirstFit (004): a task goes where it fits without a new billing unit; if it fits
+        nowhere, rent one more instance of the most cost-efficient type."""
+        t = _most_efficient(snap.types.values())
+        if t is None or len(snap.pending) == 0:
+            return
+        idle = sum(len(n.free_slots()) for n in snap.nodes if not n.lost)
+        booting = sum(1 for n in snap.nodes if not n.is_private and not n.ready(now))
+        live_of_type = sum(1 for n in snap.nodes if n.type_name == t.name and not n.lost)
+        if idle == 0 and booting == 0 and live_of_type < t.limit:
+            life = t.billing.billed_s(0)
+            if self._affordable(snap, s, t, 1, life):
+                s.actions.append(Launch(t.name, 1, "firstfit_no_fit", life - self.config.margin_s))
+
+    def _bats_fleet(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork, s: _Scratch) -> Memory:
+        budget = self._budget(snap)
+        cfg = self.planner.bats(tuple(snap.types.values()), rem, budget, self._planned_spend(snap, s.release, now))
+        if cfg is None:
+            return memory
+        have: dict[str, int] = {}
+        for n in snap.nodes:
+            if not n.is_private and not n.lost and (s.release.get(n.id) is None or s.release[n.id] > now):
+                have[n.type_name] = have.get(n.type_name, 0) + 1
+        for name, count in cfg.items():
+            extra = count - have.get(name, 0)
+            t = snap.types[name]
+            life = t.billing.unit_s
+            while extra > 0 and not self._affordable(snap, s, t, extra, life):
+                extra -= 1
+            if extra > 0:
+                s.actions.append(Launch(name, extra, "bats_configuration", life - self.config.margin_s))
+                s.launched_usd += extra * t.billing.cost_usd(life, t.price_per_hour)
+        # BaTS renews an instance for another ATU only while the budget allows.
+        for n in snap.nodes:
+            if n.is_private or n.lost or s.release.get(n.id) is None:
+                continue
+            t = snap.types[n.type_name]
+            rel = s.release[n.id]
+            if len(snap.pending) > 0 and rel - now < self.config.tick_s * 1.5 + self.config.margin_s:
+                nxt = t.billing.paid_until(n.launched_at_s, rel + self.config.margin_s + 1) - self.config.margin_s
+                if self._affordable_extension(snap, s, n, t, nxt, now):
+                    s.actions.append(ScheduleRelease(n.id, nxt, "bats_renew_atu"))
+                    s.release[n.id] = nxt
+        return memory
+
+    # -- pass 5 ------------------------------------------------------------------------------
+    def _dispatch(self, snap: Snapshot, memory: Memory, now: float, mean: float, rng, s: _Scratch) -> None:
+        fit_rule = self.config.policy in ("broker", "firstfit", "bats")
+        ready = sorted((n for n in snap.nodes if n.ready(now)), key=lambda n: (-n.speed, n.id))
+        idle_slots: list[tuple[NodeView, int, float]] = []
+        for node in ready:
+            if len(node.running) >= node.slots:
+                continue
+            release = s.release.get(node.id) if not node.is_private else None
+            for slot in node.free_slots():
+                if release is not None and release <= now:
+                    continue
+                limit_ref = math.inf
+                if fit_rule and release is not None:
+                    limit_ref = (release - now) * node.speed / self.config.fit_safety
+                pick = snap.pending.largest_fitting(limit_ref, mean, s.taken)
+                if pick is None and not fit_rule:
+                    pick = snap.pending.smallest(mean, s.taken)
+                if pick is None:
+                    idle_slots.append((node, slot, limit_ref))
+                    continue
+                s.taken.add(pick[0])
+                s.actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, "dispatch"))
+        if self.config.replicate and self.config.policy == "broker" and len(snap.pending) - len(s.taken) <= 0 and idle_slots:
+            self._replicate(snap, now, mean, idle_slots, s)
+
+    def _replicate(self, snap: Snapshot, now: float, mean: float, idle_slots, s: _Scratch) -> None:
+        """Tail replication: copy the running task expected to end last onto an idle paid slot
+        when the copy would end sooner there (first result wins)."""
+        copies: dict[str, int] = {}
+        running = []
+        for n in snap.nodes:
+            for r in n.running:
+                copies[r.task_id] = copies.get(r.task_id, 0) + 1
+                est = r.estimate_ref_s if r.estimate_ref_s is not None else mean
+                end = r.started_at_s + est / n.speed
+                running.append((end, r, n))
+        running.sort(key=lambda x: (-x[0], x[1].task_id))
+        for node, slot, limit_ref in idle_slots:
+            for i, (end, r, n) in enumerate(running):
+                if copies.get(r.task_id, 0) >= 2 or n.id == node.id:
+                    continue
+                est = r.estimate_ref_s if r.estimate_ref_s is not None else mean
+                if est > limit_ref or now + est / node.speed >= end:
+                    continue
+                copies[r.task_id] = copies.get(r.task_id, 0) + 1
+                s.actions.append(Replicate(r.task_id, SlotRef(node.id, slot), r.attempt + 1, "tail_replication"))
+                break
+
+
+def _most_efficient(types) -> MachineType | None:
+    best = None
+    for t in types:
+        if t.limit <= 0:
+            continue
+        if best is None or (t.efficiency, t.capacity_per_s, t.name) > (best.efficiency, best.capacity_per_s, best.name):
+            best = t
+    return best
+
+
+def _list_eta_machines(types, private, eta: int | None) -> dict[str, int]:
+    """The eta most cost-efficient machines (private nodes count as machines too)."""
+    machines: list[tuple[float, str, str | None]] = []
+    for p in private:
+        eff = math.inf if p.cost_per_hour <= 0 else p.capacity_per_s * 3600 / p.cost_per_hour
+        machines.append((eff, p.name, None))
+    for t in types:
+        for _ in range(t.limit):
+            machines.append((t.efficiency, t.name, t.name))
+    machines.sort(key=lambda m: (-m[0], m[1]))
+    eta = len(machines) if eta is None else eta
+    counts: dict[str, int] = {}
+    for _, _, type_name in machines[:eta]:
+        if type_name is not None:
+            counts[type_name] = counts.get(type_name, 0) + 1
+    return counts

@@ -1,0 +1,87 @@
+"""Remaining work and its upper confidence value, from what the controller has seen.
+
+Notation (ALGORITHMS.md 2.3): n_p pending tasks, mean mu_hat and standard deviation
+sigma_hat of finished runtimes in reference seconds, n_o observations, z the normal
+quantile of the confidence level.
+
+- Pending tasks without estimates are mean-sized. Pending tasks with the bag's estimates
+  are corrected by the ratio r = sum(actual) / sum(estimate) over finished tasks that had one.
+- A running task with elapsed reference work a has expected remaining work
+  max(e - a, 0) when its estimate e is known, else the conditional mean residual from the
+  normal approximation, floored at 5% of the mean (a task older than every observation
+  still needs *some* time: conservative, never a division by zero).
+- Upper confidence: W_up = W + z (n_p sigma_hat / sqrt(n_o) + sqrt(n_p) sigma_hat):
+  the error of the estimated mean is shared by every pending task, and the tasks' own spread
+  adds in quadrature.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .snapshot import Snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class RemainingWork:
+    point_ref_s: float
+    upper_ref_s: float
+    mean_ref_s: float
+    sd_ref_s: float
+    pending: int
+    running: int
+    estimate_ratio: float
+
+
+def mean_estimate(snap: Snapshot) -> float | None:
+    obs = snap.observations
+    if obs.count >= 1 and snap.prior_mean_ref_s is None:
+        return obs.mean_ref_s
+    if obs.count >= 1 and snap.prior_mean_ref_s is not None:
+        # Shrink the prior toward what finished tasks show, fully trusting data after ~30.
+        w = min(obs.count / 30.0, 1.0)
+        return w * obs.mean_ref_s + (1 - w) * snap.prior_mean_ref_s
+    return snap.prior_mean_ref_s
+
+
+def remaining_work(snap: Snapshot, z: float = 1.645) -> RemainingWork | None:
+    mu = mean_estimate(snap)
+    if mu is None:
+        return None
+    obs = snap.observations
+    sd = obs.sd_ref_s if obs.count >= 2 else mu * 0.5
+    ratio = 1.0
+    if obs.count_with_estimate >= 5 and obs.sum_estimate_ref_s > 0:
+        ratio = obs.sum_ref_s / obs.sum_estimate_ref_s if obs.count == obs.count_with_estimate else 1.0
+    pool = snap.pending
+    pending_work = pool.unknown_count * mu + pool.known_total_ref_s * ratio
+    running_work = 0.0
+    n_running = 0
+    for node in snap.nodes:
+        for r in node.running:
+            n_running += 1
+            elapsed_ref = max(0.0, snap.now_s - r.started_at_s) * node.speed
+            if r.estimate_ref_s is not None:
+                left = r.estimate_ref_s * ratio - elapsed_ref
+                running_work += max(left, 0.05 * r.estimate_ref_s * ratio)
+            else:
+                running_work += _residual_mean(mu, sd, elapsed_ref)
+    point = pending_work + running_work
+    n_p = len(pool)
+    n_o = max(obs.count, 1)
+    upper = point + z * (n_p * sd / math.sqrt(n_o) + math.sqrt(n_p + n_running) * sd)
+    return RemainingWork(point, upper, mu, sd, n_p, n_running, ratio)
+
+
+def _residual_mean(mu: float, sd: float, elapsed: float) -> float:
+    """E[X - a | X > a] for X ~ Normal(mu, sd) truncated at 0, floored at 5% of mu."""
+    floor = 0.05 * mu
+    if sd <= 0:
+        return max(mu - elapsed, floor)
+    alpha = (elapsed - mu) / sd
+    tail = 0.5 * math.erfc(alpha / math.sqrt(2))
+    if tail < 1e-12:
+        return max(floor, sd / max(alpha, 1.0))
+    pdf = math.exp(-0.5 * alpha * alpha) / math.sqrt(2 * math.pi)
+    return max(mu + sd * pdf / tail - elapsed, floor)

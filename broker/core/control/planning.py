@@ -1,0 +1,126 @@
+"""The controller's narrow view of the planner (``broker.core.plan``).
+
+Translates a snapshot's fleet into the planner's existing instances, turns planner
+exceptions into results with a reason (the controller never raises on an infeasible goal:
+it falls back to the fastest plan and says why), and keeps the front choice for point and
+theta goals in one place.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..model import ExistingInstance, MachineType, PrivateNode
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerInput:
+    types: tuple[MachineType, ...]
+    private: tuple[PrivateNode, ...]
+    existing: tuple[ExistingInstance, ...]
+    work: object  # broker.core.plan.Work
+    now_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class PlanResult:
+    plan: object | None  # broker.core.plan.Plan
+    cause: str | None = None
+    reason: str | None = None
+
+
+class FleetPlanner:
+    def __init__(self, options=None):
+        self._options = options
+
+    @property
+    def options(self):
+        if self._options is None:
+            from ..plan import PlanOptions
+
+            self._options = PlanOptions()
+        return self._options
+
+    def input(self, types, private, nodes, rem, now_s: float) -> PlannerInput:
+        from ..plan import Work
+
+        existing = []
+        for n in nodes:
+            if n.is_private or n.lost or n.launched_at_s is None:
+                continue
+            if n.release_at_s is not None and n.release_at_s <= now_s:
+                continue
+            existing.append(
+                ExistingInstance(
+                    id=n.id,
+                    type_name=n.type_name,
+                    launched_at_s=n.launched_at_s,
+                    paid_until_s=n.paid_until_s,
+                    ready_at_s=n.ready_at_s,
+                )
+            )
+        tasks = max(rem.pending + rem.running, 1)
+        work = Work(total_ref_s=max(rem.upper_ref_s, 1e-6), tasks=tasks, mean_ref_s=rem.mean_ref_s, sd_ref_s=rem.sd_ref_s)
+        return PlannerInput(tuple(types), tuple(private), tuple(existing), work, now_s)
+
+    def cheapest_by(self, pin: PlannerInput, deadline_s: float) -> PlanResult:
+        from ..plan import NoFeasiblePlan, min_cost, min_makespan
+
+        if math.isfinite(deadline_s) and deadline_s > 0:
+            try:
+                return PlanResult(self._min_cost(pin, deadline_s), "deadline_plan")
+            except NoFeasiblePlan as exc:
+                fallback = exc.fastest
+                if fallback is not None:
+                    return PlanResult(fallback, "deadline_at_risk", str(exc))
+        # No finite deadline left (or none given): the fastest plan there is.
+        try:
+            plan = min_makespan(pin.types, pin.private, pin.work, math.inf, existing=pin.existing,
+                                now_s=pin.now_s, options=self.options)
+            return PlanResult(plan, "deadline_passed_fastest_plan", "deadline cannot be met: running the fastest plan")
+        except NoFeasiblePlan as exc:
+            return PlanResult(None, None, str(exc))
+
+    def _min_cost(self, pin: PlannerInput, deadline_s: float):
+        from ..plan import min_cost
+
+        return min_cost(pin.types, pin.private, pin.work, deadline_s, existing=pin.existing, now_s=pin.now_s,
+                        options=self.options)
+
+    def fastest_within(self, pin: PlannerInput, budget_usd: float) -> PlanResult:
+        from ..plan import NoFeasiblePlan, min_makespan
+
+        try:
+            plan = min_makespan(pin.types, pin.private, pin.work, max(budget_usd, 0.0), existing=pin.existing,
+                                now_s=pin.now_s, options=self.options)
+            return PlanResult(plan, "budget_plan")
+        except NoFeasiblePlan as exc:
+            return PlanResult(None, None, str(exc))
+
+    def front_choice(self, pin: PlannerInput, goal):
+        from ..plan import NoFeasiblePlan, choose_point, choose_theta, pareto_front
+
+        try:
+            front = pareto_front(pin.types, pin.private, pin.work, existing=pin.existing, now_s=pin.now_s,
+                                 options=self.options)
+        except NoFeasiblePlan:
+            return None
+        if not front:
+            return None
+        if goal.kind == "point":
+            return choose_point(front, int(goal.value))
+        if goal.kind == "theta":
+            return choose_theta(front, float(goal.value))
+        return choose_theta(front, 1.0)  # no goal: the cheapest point
+
+    def bats(self, types, rem, budget_usd, spent_usd) -> dict[str, int] | None:
+        from ..plan import NoFeasiblePlan, bats_configuration
+
+        mean_per_type = {t.name: rem.mean_ref_s / t.speed for t in types}
+        budget = math.inf if budget_usd is None else budget_usd - spent_usd
+        try:
+            plan = bats_configuration(types, rem.pending + rem.running, mean_per_type, budget)
+        except NoFeasiblePlan:
+            return None
+        return dict(plan.fleet)

@@ -1,0 +1,138 @@
+"""The pending tasks, ordered for the dispatch rules of ALGORITHMS.md 4.
+
+Tasks either carry an estimate (reference seconds, from the bag's estimation tools) or do
+not (non-clairvoyant: they are all "mean-sized" until they run). Two dispatch questions are
+asked of the pool, both in O(log n):
+
+- *largest that fits*: the pending task with the largest estimate not above a limit (the
+  work a slot can still do before its instance's release);
+- *uniform draw*: a task chosen uniformly at random (sampling phase).
+
+The pool is owned and mutated by a shell (simulator or live daemon); the controller only
+reads it and keeps the tasks it has already picked in the current decision aside.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Iterable
+
+
+class TaskPool:
+    def __init__(self) -> None:
+        self._known: list[tuple[float, str]] = []  # sorted by (estimate, id)
+        self._known_est: dict[str, float] = {}
+        self._unknown: list[str] = []  # stack; order fixed by the shell (shuffled for fairness)
+        self._unknown_pos: dict[str, int] = {}
+        self._known_total = 0.0
+
+    # -- mutation (shells only) ------------------------------------------------------------
+    def add(self, task_id: str, estimate_ref_s: float | None = None) -> None:
+        if task_id in self:
+            raise ValueError(f"task {task_id} is already pending")
+        if estimate_ref_s is None:
+            self._unknown_pos[task_id] = len(self._unknown)
+            self._unknown.append(task_id)
+        else:
+            est = float(estimate_ref_s)
+            bisect.insort(self._known, (est, task_id))
+            self._known_est[task_id] = est
+            self._known_total += est
+
+    def extend(self, items: Iterable[tuple[str, float | None]]) -> None:
+        items = list(items)
+        known = [(float(e), t) for t, e in items if e is not None]
+        if known and not self._known and len(known) == len(items):
+            known.sort()
+            self._known = known
+            self._known_est = {t: e for e, t in known}
+            self._known_total = sum(e for e, _ in known)
+            return
+        for task_id, est in items:
+            self.add(task_id, est)
+
+    def remove(self, task_id: str) -> None:
+        est = self._known_est.pop(task_id, None)
+        if est is not None:
+            i = bisect.bisect_left(self._known, (est, task_id))
+            del self._known[i]
+            self._known_total -= est
+            if not self._known_est:
+                self._known_total = 0.0
+            return
+        pos = self._unknown_pos.pop(task_id)  # KeyError: not pending
+        last = self._unknown.pop()
+        if last != task_id:
+            self._unknown[pos] = last
+            self._unknown_pos[last] = pos
+
+    # -- queries (controller) -----------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._known) + len(self._unknown)
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._known_est or task_id in self._unknown_pos
+
+    @property
+    def unknown_count(self) -> int:
+        return len(self._unknown)
+
+    @property
+    def known_total_ref_s(self) -> float:
+        return self._known_total
+
+    def estimate(self, task_id: str) -> float | None:
+        return self._known_est.get(task_id)
+
+    def largest_fitting(
+        self, limit_ref_s: float, mean_ref_s: float, taken: set[str] | frozenset[str] = frozenset()
+    ) -> tuple[str, float] | None:
+        """The largest-estimate pending task whose estimate is <= ``limit_ref_s``.
+
+        Tasks without an estimate count as ``mean_ref_s``. Returns (task id, estimate).
+        """
+        best: tuple[str, float] | None = None
+        i = bisect.bisect_right(self._known, (limit_ref_s, "\U0010ffff")) - 1
+        while i >= 0:
+            est, tid = self._known[i]
+            if tid not in taken:
+                best = (tid, est)
+                break
+            i -= 1
+        if self._unknown and mean_ref_s <= limit_ref_s and (best is None or mean_ref_s >= best[1]):
+            j = len(self._unknown) - 1
+            while j >= 0:
+                tid = self._unknown[j]
+                if tid not in taken:
+                    return (tid, mean_ref_s)
+                j -= 1
+        return best
+
+    def smallest(self, mean_ref_s: float, taken: set[str] | frozenset[str] = frozenset()) -> tuple[str, float] | None:
+        for est, tid in self._known:
+            if tid not in taken:
+                if self._unknown and mean_ref_s < est:
+                    break
+                return (tid, est)
+        for tid in reversed(self._unknown):
+            if tid not in taken:
+                return (tid, mean_ref_s)
+        return None
+
+    def draw(self, rng, taken: set[str] | frozenset[str] = frozenset()) -> str | None:
+        """A pending task chosen uniformly at random (``rng``: numpy Generator or random.Random)."""
+        n = len(self)
+        if n <= len(taken):
+            return None
+        for _ in range(64):
+            k = int(rng.integers(n)) if hasattr(rng, "integers") else rng.randrange(n)
+            tid = self._known[k][1] if k < len(self._known) else self._unknown[k - len(self._known)]
+            if tid not in taken:
+                return tid
+        for _, tid in self._known:
+            if tid not in taken:
+                return tid
+        for tid in self._unknown:
+            if tid not in taken:
+                return tid
+        return None

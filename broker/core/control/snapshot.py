@@ -1,0 +1,134 @@
+"""What the controller sees: a snapshot of the world at ``now``, and its own memory.
+
+Shells build the snapshot from their state (the simulator from its event queue, the live
+daemon from its journal and agents). Memory is the controller's own explicit state,
+passed in and returned by every decision (no hidden counters).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from ..model import MachineType, PrivateNode
+from .pool import TaskPool
+
+
+@dataclass(frozen=True, slots=True)
+class RunningTask:
+    task_id: str
+    attempt: int
+    slot: int
+    started_at_s: float
+    estimate_ref_s: float | None  # the bag's estimate, None when non-clairvoyant
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A private node or an EC2 instance as the controller sees it.
+
+    ``type_name`` is None for private nodes. ``release_at_s`` is the scheduled release (None
+    for private nodes). ``paid_until_s`` is what the billing model says now.
+    """
+
+    id: str
+    slots: int
+    speed: float
+    running: tuple[RunningTask, ...] = ()
+    type_name: str | None = None
+    launched_at_s: float | None = None
+    ready_at_s: float | None = None
+    paid_until_s: float | None = None
+    release_at_s: float | None = None
+    lost: bool = False
+
+    @property
+    def is_private(self) -> bool:
+        return self.type_name is None
+
+    def ready(self, now_s: float) -> bool:
+        return not self.lost and (self.ready_at_s is None or self.ready_at_s <= now_s)
+
+    def free_slots(self) -> list[int]:
+        busy = {r.slot for r in self.running}
+        return [i for i in range(self.slots) if i not in busy]
+
+
+@dataclass(frozen=True, slots=True)
+class Goal:
+    """The user's goal. ``kind``: deadline (seconds from start), budget (USD), point (1-based
+    index into the front), theta (0..1, weight of cost against time), or none (cheapest)."""
+
+    kind: str = "none"
+    value: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("deadline", "budget", "point", "theta", "none"):
+            raise ValueError(f"unknown goal kind {self.kind!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Observations:
+    """Runtimes learned so far, normalized to reference seconds (runtime x slot speed)."""
+
+    count: int = 0
+    sum_ref_s: float = 0.0
+    sumsq_ref_s: float = 0.0
+    # For bags with estimates: sum of the finished tasks' estimates, to correct the rest.
+    sum_estimate_ref_s: float = 0.0
+    count_with_estimate: int = 0
+    max_ref_s: float = 0.0
+
+    def add(self, runtime_ref_s: float, estimate_ref_s: float | None) -> "Observations":
+        return Observations(
+            count=self.count + 1,
+            sum_ref_s=self.sum_ref_s + runtime_ref_s,
+            sumsq_ref_s=self.sumsq_ref_s + runtime_ref_s * runtime_ref_s,
+            sum_estimate_ref_s=self.sum_estimate_ref_s + (estimate_ref_s or 0.0),
+            count_with_estimate=self.count_with_estimate + (estimate_ref_s is not None),
+            max_ref_s=max(self.max_ref_s, runtime_ref_s),
+        )
+
+    @property
+    def mean_ref_s(self) -> float | None:
+        return self.sum_ref_s / self.count if self.count else None
+
+    @property
+    def sd_ref_s(self) -> float:
+        if self.count < 2:
+            return 0.0
+        var = (self.sumsq_ref_s - self.sum_ref_s**2 / self.count) / (self.count - 1)
+        return max(var, 0.0) ** 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    now_s: float
+    types: Mapping[str, MachineType]
+    nodes: tuple[NodeView, ...]
+    pending: TaskPool
+    tasks_total: int
+    tasks_done: int
+    observations: Observations
+    committed_usd: float  # cloud spend already charged (paid-until of every instance)
+    started_at_s: float = 0.0
+    prior_mean_ref_s: float | None = None  # from sampling, a user hint, or the bag's estimates
+    budget_usd: float | None = None
+    tasks_failed: int = 0
+    stopping: bool = False  # the user asked to stop: drain, release everything
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """The controller's state between decisions; replaced, never mutated."""
+
+    deadline_at_s: float | None = None  # resolved absolute deadline (deadline/point/theta goals)
+    last_plan: object | None = None
+    last_plan_at_s: float | None = None
+    planned_makespan_s: float | None = None
+    planned_cost_usd: float | None = None
+    launch_streak: int = 0  # consecutive ticks proposing a launch
+    shorten_streak: Mapping[str, int] = field(default_factory=dict)
+    budget_stopped: bool = False
+    plan_failures: int = 0
+    last_note: str | None = None

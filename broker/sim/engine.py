@@ -1,0 +1,447 @@
+"""The simulator: a discrete-event loop on a virtual clock that feeds the controller.
+
+Events: monitoring ticks, instances becoming ready after their boot delay, task ends,
+release timers, injected failures. After every batch of simultaneous events the controller
+is asked for a decision (a tick re-plans; other events only dispatch), and its actions are
+carried out exactly as a live shell would: launches (refused past a type's limit, as EC2
+would), per-instance release timers, assignments and replicas (first result wins).
+
+Ground truth lives here only: each task's true reference work, each instance's actual
+speed (which may differ from the declared one), failures. The controller sees what a live
+broker would see: declared speeds, elapsed times, finished runtimes.
+
+Costs: an instance is charged by its billing model from launch to termination; committed
+spend at any moment is what every instance has been charged so far (its paid-until). The
+amortized cost of private nodes (``cost_per_hour`` over the makespan) is reported apart and
+added to the total cost; the budget caps cloud spend, the money actually charged.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..core.control.actions import Assign, Cancel, Launch, Replicate, ScheduleRelease, StopForBudget
+from ..core.control.controller import Controller, ControllerConfig
+from ..core.control.pool import TaskPool
+from ..core.control.snapshot import Goal, Memory, NodeView, Observations, RunningTask, Snapshot
+from ..core.model import Inventory, MachineType
+
+TICK, READY, END, RELEASE, FAIL = 0, 1, 2, 3, 4
+
+
+@dataclass(frozen=True, slots=True)
+class SimWorkload:
+    """Ground truth: reference seconds per task, and optional per-task estimates."""
+
+    runtimes_ref_s: np.ndarray
+    estimates_ref_s: np.ndarray | None = None
+    prior_mean_ref_s: float | None = None  # what sampling/a hint says before anything ran
+    name: str = "workload"
+
+
+@dataclass(frozen=True, slots=True)
+class SimOptions:
+    seed: int = 0
+    speed_noise: float = 0.0  # actual speed = declared x U(1 - noise, 1 + noise)
+    failure_rate: float = 0.0  # probability that an attempt fails part-way
+    retries: int = 2
+    max_virtual_s: float = 365 * 86400.0
+    record_events: bool = False
+
+
+@dataclass
+class _Node:
+    id: str
+    slots: int
+    speed: float  # declared
+    actual_speed: float
+    type: MachineType | None = None
+    launched_at: float | None = None
+    ready_at: float | None = None
+    release_at: float | None = None
+    release_version: int = 0
+    terminated_at: float | None = None
+    running: dict[int, tuple[str, int, float, float]] = field(default_factory=dict)  # slot -> (task, attempt, start, end)
+    view: NodeView | None = None
+    release_cause: str | None = None
+    lost: bool = False
+    paid_until: float = -math.inf  # cached: billing only changes when time passes it
+    charged_usd: float = 0.0
+
+
+@dataclass
+class SimResult:
+    policy: str
+    makespan_s: float
+    cost_usd: float
+    cloud_cost_usd: float
+    private_cost_usd: float
+    planned_makespan_s: float | None
+    planned_cost_usd: float | None
+    budget_usd: float | None
+    deadline_s: float | None
+    tasks_total: int
+    tasks_done: int
+    samples: int
+    instances_launched: int
+    max_concurrent: int
+    sim_wall_s: float
+    max_committed_usd: float
+    releases: list[dict] = field(default_factory=list)
+    completions: dict[str, int] = field(default_factory=dict)  # task id -> times recorded done
+    launches_refused: int = 0
+    fleet_changes: list[tuple[float, str, int]] = field(default_factory=list)
+    budget_stopped: bool = False
+    events: list[dict] = field(default_factory=list)
+    wasted_ref_s: float = 0.0
+
+    @property
+    def tasks_left(self) -> int:
+        return self.tasks_total - self.tasks_done
+
+    def to_json(self) -> dict:
+        return {
+            "policy": self.policy,
+            "makespan_s": round(float(self.makespan_s), 3),
+            "cost_usd": round(float(self.cost_usd), 4),
+            "planned": {
+                "makespan_s": None if self.planned_makespan_s is None else round(float(self.planned_makespan_s), 3),
+                "cost_usd": None if self.planned_cost_usd is None else round(float(self.planned_cost_usd), 4),
+            },
+            "budget_usd": self.budget_usd,
+            "deadline_s": self.deadline_s,
+            "tasks": {"total": self.tasks_total, "done": self.tasks_done, "left": self.tasks_left},
+            "samples": self.samples,
+            "instances": {"launched": self.instances_launched, "max_concurrent": self.max_concurrent},
+            "sim_wall_s": round(self.sim_wall_s, 3),
+        }
+
+
+class Simulation:
+    def __init__(
+        self,
+        inventory: Inventory,
+        workload: SimWorkload,
+        goal: Goal = Goal(),
+        config: ControllerConfig = ControllerConfig(),
+        options: SimOptions = SimOptions(),
+        controller: Controller | None = None,
+    ):
+        self.inv = inventory
+        self.types = {t.name: t for t in inventory.types}
+        self.work = workload
+        self.goal = goal
+        self.config = config
+        self.opt = options
+        self.controller = controller or Controller(goal, config, private=inventory.private)
+        self.rng = np.random.default_rng(options.seed)
+        self.ctl_rng = np.random.default_rng(options.seed + 1_000_003)
+        self.now = 0.0
+        self.heap: list = []
+        self._seq = 0
+        self.nodes: dict[str, _Node] = {}
+        self.pool = TaskPool()
+        n = len(workload.runtimes_ref_s)
+        self.truth = np.asarray(workload.runtimes_ref_s, dtype=float)
+        self.est = None if workload.estimates_ref_s is None else np.asarray(workload.estimates_ref_s, dtype=float)
+        self.ids = [f"t{i}" for i in range(n)]
+        self.index = {tid: i for i, tid in enumerate(self.ids)}
+        order = self.rng.permutation(n)
+        self.pool.extend((self.ids[i], None if self.est is None else float(self.est[i])) for i in order)
+        self.attempts = [0] * n
+        self.done = np.zeros(n, dtype=bool)
+        self.obs = Observations()
+        self.memory = Memory()
+        self.committed_closed = 0.0  # cost of terminated instances
+        self.result = SimResult(
+            policy=config.policy, makespan_s=0.0, cost_usd=0.0, cloud_cost_usd=0.0, private_cost_usd=0.0,
+            planned_makespan_s=None, planned_cost_usd=None,
+            budget_usd=float(goal.value) if goal.kind == "budget" else None,
+            deadline_s=float(goal.value) if goal.kind == "deadline" else None,
+            tasks_total=n, tasks_done=0, samples=0, instances_launched=0, max_concurrent=0,
+            sim_wall_s=0.0, max_committed_usd=0.0,
+        )
+        self._instance_seq = 0
+        self._live_instances = 0
+        self._dirty_nodes: set[str] = set()
+        self._live: dict[str, _Node] = {}
+        for p in inventory.private:
+            node = _Node(p.name, p.slots, p.speed, p.speed)
+            self.nodes[p.name] = node
+            self._live[p.name] = node
+
+    # -- event queue -------------------------------------------------------------------------
+    def _push(self, t: float, kind: int, data) -> None:
+        self._seq += 1
+        heapq.heappush(self.heap, (t, kind, self._seq, data))
+
+    # -- world -> snapshot -------------------------------------------------------------------
+    def _view(self, node: _Node) -> NodeView:
+        if node.view is None:
+            running = tuple(
+                RunningTask(task, att, slot, start,
+                            None if self.est is None else float(self.est[self.index[task]]))
+                for slot, (task, att, start, _end) in sorted(node.running.items())
+            )
+            paid = None if node.type is None else node.paid_until
+            node.view = NodeView(
+                id=node.id, slots=node.slots, speed=node.speed, running=running,
+                type_name=None if node.type is None else node.type.name,
+                launched_at_s=node.launched_at, ready_at_s=node.ready_at, paid_until_s=paid,
+                release_at_s=node.release_at, lost=node.lost,
+            )
+        return node.view
+
+    def _refresh_billing(self, node: _Node) -> None:
+        if node.type is not None and node.terminated_at is None and self.now > node.paid_until - 1e-9:
+            b = node.type.billing
+            node.paid_until = b.paid_until(node.launched_at, self.now)
+            node.charged_usd = b.cost_usd(self.now - node.launched_at, node.type.price_per_hour)
+            node.view = None
+
+    def committed_usd(self) -> float:
+        total = self.committed_closed
+        for node in self._live.values():
+            if node.type is not None:
+                self._refresh_billing(node)
+                total += node.charged_usd
+        return total
+
+    def snapshot(self) -> Snapshot:
+        live = []
+        for node in self._live.values():
+            self._refresh_billing(node)
+            live.append(self._view(node))
+        return Snapshot(
+            now_s=self.now, types=self.types, nodes=tuple(live), pending=self.pool,
+            tasks_total=len(self.ids), tasks_done=self.result.tasks_done, observations=self.obs,
+            committed_usd=self.committed_usd(), started_at_s=0.0,
+            prior_mean_ref_s=self.work.prior_mean_ref_s,
+            budget_usd=self.result.budget_usd,
+        )
+
+    # -- actions -----------------------------------------------------------------------------
+    def _apply(self, actions) -> None:
+        for a in actions:
+            if isinstance(a, Assign) or isinstance(a, Replicate):
+                self._start(a)
+            elif isinstance(a, ScheduleRelease):
+                node = self.nodes.get(a.instance_id)
+                if node is None or node.terminated_at is not None:
+                    continue
+                node.release_at = max(a.at_s, self.now)
+                node.release_cause = a.cause
+                node.release_version += 1
+                node.view = None
+                self._push(node.release_at, RELEASE, (node.id, node.release_version))
+            elif isinstance(a, Launch):
+                self._launch(a)
+            elif isinstance(a, StopForBudget):
+                self.result.budget_stopped = True
+            elif isinstance(a, Cancel):
+                pass
+        self._record("actions", n=len(actions)) if self.opt.record_events and actions else None
+
+    def _launch(self, a: Launch) -> None:
+        t = self.types[a.type_name]
+        live_of_type = sum(1 for n in self.nodes.values() if n.type is t and n.terminated_at is None)
+        count = min(a.count, max(0, t.limit - live_of_type))
+        self.result.launches_refused += a.count - count
+        for _ in range(count):
+            self._instance_seq += 1
+            noise = self.opt.speed_noise
+            actual = t.speed * (self.rng.uniform(1 - noise, 1 + noise) if noise > 0 else 1.0)
+            node = _Node(f"i-{self._instance_seq:05d}", t.slots, t.speed, actual, type=t,
+                         launched_at=self.now, ready_at=self.now + t.boot_s)
+            self.nodes[node.id] = node
+            self._live[node.id] = node
+            self._refresh_billing(node)
+            self._push(node.ready_at, READY, node.id)
+            if math.isfinite(a.release_after_s):
+                node.release_at = self.now + max(a.release_after_s, t.boot_s)
+                node.release_cause = "planned_life"
+                node.release_version += 1
+                self._push(node.release_at, RELEASE, (node.id, node.release_version))
+            self.result.instances_launched += 1
+            self._live_instances += 1
+        if count:
+            self.result.fleet_changes.append((self.now, a.type_name, count))
+            self.result.max_concurrent = max(self.result.max_concurrent, self._live_instances)
+
+    def _start(self, a) -> None:
+        node = self.nodes[a.slot.node]
+        if node.terminated_at is not None or a.slot.index in node.running:
+            raise AssertionError(f"controller assigned to a busy or gone slot: {a}")
+        i = self.index[a.task_id]
+        if isinstance(a, Assign):
+            self.pool.remove(a.task_id)
+            if a.task_id in ():
+                pass
+        self.attempts[i] += 1
+        attempt = self.attempts[i]
+        duration = self.truth[i] / node.actual_speed
+        end = self.now + duration
+        if self.opt.failure_rate > 0 and self.rng.random() < self.opt.failure_rate:
+            fail_at = self.now + duration * self.rng.random()
+            node.running[a.slot.index] = (a.task_id, attempt, self.now, fail_at)
+            self._push(fail_at, FAIL, (node.id, a.slot.index, a.task_id, attempt))
+        else:
+            node.running[a.slot.index] = (a.task_id, attempt, self.now, end)
+            self._push(end, END, (node.id, a.slot.index, a.task_id, attempt))
+        node.view = None
+        if a.cause == "sampling":
+            self.result.samples += 1
+
+    # -- events ------------------------------------------------------------------------------
+    def _on_end(self, data) -> bool:
+        node_id, slot, task, attempt = data
+        node = self.nodes[node_id]
+        cur = node.running.get(slot)
+        if cur is None or cur[0] != task or cur[1] != attempt:
+            return False  # a cancelled replica or a killed attempt
+        del node.running[slot]
+        node.view = None
+        i = self.index[task]
+        if self.done[i]:
+            return True
+        self.done[i] = True
+        self.result.tasks_done += 1
+        self.result.completions[task] = self.result.completions.get(task, 0) + 1
+        runtime_ref = (self.now - cur[2]) * node.speed
+        self.obs = self.obs.add(runtime_ref, None if self.est is None else float(self.est[i]))
+        self.result.makespan_s = float(self.now)
+        # First result wins: cancel other copies.
+        for other in self._live.values():
+            for s, r in list(other.running.items()):
+                if r[0] == task:
+                    del other.running[s]
+                    other.view = None
+                    self.result.wasted_ref_s += (self.now - r[2]) * other.actual_speed
+        return True
+
+    def _requeue(self, task: str) -> None:
+        i = self.index[task]
+        if self.done[i] or task in self.pool:
+            return
+        if any(r[0] == task for n in self._live.values() for r in n.running.values()):
+            return  # another copy still runs
+        self.pool.add(task, None if self.est is None else float(self.est[i]))
+
+    def _on_fail(self, data) -> bool:
+        node_id, slot, task, attempt = data
+        node = self.nodes[node_id]
+        cur = node.running.get(slot)
+        if cur is None or cur[0] != task or cur[1] != attempt:
+            return False
+        del node.running[slot]
+        node.view = None
+        self.result.wasted_ref_s += (self.now - cur[2]) * node.actual_speed
+        self._requeue(task)
+        return True
+
+    def _on_release(self, data) -> bool:
+        node_id, version = data
+        node = self.nodes[node_id]
+        if node.terminated_at is not None or version != node.release_version:
+            return False
+        paid = node.type.billing.paid_until(node.launched_at, self.now)
+        self.result.releases.append({
+            "instance": node.id, "type": node.type.name, "at_s": self.now, "paid_until_s": paid,
+            "cause": node.release_cause, "launched_at_s": node.launched_at,
+        })
+        killed = list(node.running.values())
+        node.running.clear()
+        node.terminated_at = self.now
+        self._live.pop(node.id, None)
+        node.view = None
+        self._live_instances -= 1
+        self.committed_closed += node.type.billing.cost_usd(self.now - node.launched_at, node.type.price_per_hour)
+        for task, _att, start, _end in killed:
+            self.result.wasted_ref_s += (self.now - start) * node.actual_speed
+            self._requeue(task)
+        return True
+
+    def _record(self, kind: str, **fields) -> None:
+        self.result.events.append({"t": self.now, "event": kind, **fields})
+
+    # -- main loop ---------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        wall0 = time.perf_counter()
+        self._push(0.0, TICK, None)
+        n = len(self.ids)
+        idle_ticks = 0
+        first_plan_seen = False
+        while self.heap and self.result.tasks_done < n:
+            t, kind, _, data = heapq.heappop(self.heap)
+            if t > self.opt.max_virtual_s:
+                break
+            self.now = t
+            tick = False
+            changed = False
+            batch = [(kind, data)]
+            while self.heap and self.heap[0][0] == t:
+                _, k2, _, d2 = heapq.heappop(self.heap)
+                batch.append((k2, d2))
+            for k, d in batch:
+                if k == TICK:
+                    tick = True
+                elif k == READY:
+                    changed = True
+                    self.nodes[d].view = None
+                elif k == END:
+                    changed |= self._on_end(d)
+                elif k == FAIL:
+                    changed |= self._on_fail(d)
+                elif k == RELEASE:
+                    changed |= self._on_release(d)
+            if self.result.tasks_done >= n:
+                break
+            committed = self.committed_usd()
+            self.result.max_committed_usd = max(self.result.max_committed_usd, committed)
+            if tick or changed:
+                decision = self.controller.decide(self.snapshot(), self.memory, self.now, self.ctl_rng, tick=tick)
+                self.memory = decision.memory
+                if not first_plan_seen and self.memory.planned_makespan_s is not None:
+                    first_plan_seen = True
+                    self.result.planned_makespan_s = self.memory.planned_makespan_s
+                    self.result.planned_cost_usd = self.memory.planned_cost_usd
+                self._apply(decision.actions)
+            if tick:
+                busy = any(node.running for node in self.nodes.values())
+                alive = any(node.terminated_at is None and (node.type is None or node.release_at is None
+                            or node.release_at > self.now) for node in self.nodes.values())
+                idle_ticks = 0 if (busy or alive) else idle_ticks + 1
+                if idle_ticks > 3:
+                    break  # nothing can make progress (budget exhausted, no private nodes)
+                self._push(self.now + self.config.tick_s, TICK, None)
+        self._finish()
+        self.result.sim_wall_s = time.perf_counter() - wall0
+        return self.result
+
+    def _finish(self) -> None:
+        """Bag done (or stuck): the run ends at the last completion; release what is left."""
+        end = self.now
+        # The last decision releases instances (bag_done); carry those releases out.
+        decision = self.controller.decide(self.snapshot(), self.memory, self.now, self.ctl_rng, tick=True)
+        self._apply(decision.actions)
+        while self.heap:
+            t, kind, _, data = heapq.heappop(self.heap)
+            if kind == RELEASE:
+                self.now = max(self.now, t)
+                self._on_release(data)
+        for node in self.nodes.values():
+            if node.type is not None and node.terminated_at is None:
+                self.now = max(self.now, node.release_at or self.now)
+                self._on_release((node.id, node.release_version))
+        r = self.result
+        r.max_committed_usd = max(r.max_committed_usd, self.committed_closed)
+        r.cloud_cost_usd = self.committed_closed
+        r.private_cost_usd = sum(p.cost_per_hour for p in self.inv.private) * r.makespan_s / 3600.0
+        r.cost_usd = r.cloud_cost_usd + r.private_cost_usd
+        if r.tasks_done < r.tasks_total and r.makespan_s == 0.0:
+            r.makespan_s = end
