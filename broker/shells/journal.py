@@ -447,6 +447,8 @@ class Journal:
     # -- transactions ----------------------------------------------------------------------
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
+        if self.readonly:
+            raise JournalError(f"{self.path} was opened read-only")
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
