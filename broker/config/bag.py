@@ -34,6 +34,7 @@ import os
 import re
 import string
 from pathlib import Path
+from typing import Sequence
 
 from broker.core.model import Bag, Task
 
@@ -68,7 +69,9 @@ def parse_bag(text: str, source: str = "<bag>", base_dir: str | os.PathLike[str]
     base = Path(base_dir) if base_dir is not None else Path(source).parent
     root = load_yaml(text, source)
     check = Checker(source)
-    fields = check.mapping(root, "", required=("timeout",), optional=_OPTIONAL_KEYS) or {}
+    fields = check.mapping(root, "", required=("timeout",), optional=_OPTIONAL_KEYS)
+    if fields is None:  # not a mapping at all: nothing more to say
+        check.raise_if_any()
     data_checks: list[Checker] = []
     tasks = _tasks(check, fields, root, base, data_checks)
 
@@ -222,14 +225,14 @@ def _placeholders(template: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _sweep(check: Checker, node: Node) -> dict[str, tuple[object, ...]] | None:
+def _sweep(check: Checker, node: Node) -> dict[str, Sequence[object]] | None:
     members = check.mapping_of_anything(node, "sweep")
     if members is None:
         return None
     if not members:
         check.problem("sweep", "the sweep names no parameters", node.where)
         return None
-    sweep: dict[str, tuple[object, ...]] = {}
+    sweep: dict[str, Sequence[object]] = {}
     ok = True
     for name, member in members.items():
         path = join("sweep", name)
@@ -244,7 +247,7 @@ def _sweep(check: Checker, node: Node) -> dict[str, tuple[object, ...]] | None:
     return sweep if ok else None
 
 
-def _sweep_values(check: Checker, node: Node, path: str) -> tuple[object, ...] | None:
+def _sweep_values(check: Checker, node: Node, path: str) -> Sequence[object] | None:
     """A parameter's values: a list, ``{range: [start, stop(, step)]}`` or ``{linspace: [a, b, n]}``."""
     if node.is_sequence:
         values = []
@@ -277,7 +280,8 @@ def _sweep_values(check: Checker, node: Node, path: str) -> tuple[object, ...] |
     return _linspace_values(check, spec, spec_path)
 
 
-def _range_values(check: Checker, node: Node, path: str) -> tuple[int, ...] | None:
+def _range_values(check: Checker, node: Node, path: str) -> range | None:
+    """The integers of a range, kept lazy so an oversized sweep is refused before it is built."""
     items = check.sequence(node, path)
     if items is None:
         return None
@@ -290,7 +294,7 @@ def _range_values(check: Checker, node: Node, path: str) -> tuple[int, ...] | No
     if len(numbers) == 3 and numbers[2] == 0:
         check.problem(path, "the step of a range cannot be 0", node.where)
         return None
-    values = tuple(range(*numbers))
+    values = range(*numbers)
     if not values:
         check.problem(path, f"range {list(numbers)} is empty (stop is excluded)", node.where)
         return None
