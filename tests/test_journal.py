@@ -1,0 +1,335 @@
+"""The journal's rules, case by case: schema versioning, the intent log, the task life cycle,
+committed spend against hand-checked bills, and the status summary."""
+
+import hashlib
+import json
+import sqlite3
+
+import pytest
+
+from broker.core.billing import Billing
+from broker.core.model import Task
+from broker.shells.journal import (
+    JOURNAL_FILE,
+    SCHEMA_VERSION,
+    AttemptResult,
+    Journal,
+    JournalError,
+    JournalNotFound,
+)
+
+OK = AttemptResult(exit_code=0, runtime_s=10.0)
+BAD = AttemptResult(exit_code=3, runtime_s=10.0, stderr_tail="boom")
+
+
+def new_journal(tmp_path, n_tasks=3, retries=1, budget_usd=5.0, at_s=0.0):
+    journal = Journal.open(tmp_path / "run")
+    journal.create_run("r1", goal_kind="budget", goal_value=budget_usd, budget_usd=budget_usd,
+                       retries=retries, at_s=at_s)
+    journal.add_tasks(Task(f"t{i}", f"echo {i}") for i in range(n_tasks))
+    return journal
+
+
+def task_state(journal, task_id):
+    return journal._db.execute("SELECT state FROM tasks WHERE id = ?", (task_id,)).fetchone()[0]
+
+
+# -- opening and versioning ----------------------------------------------------------------
+
+def test_open_uses_wal_full_sync_and_foreign_keys(tmp_path):
+    journal = Journal.open(tmp_path)
+    db = journal._db
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert db.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+    assert (tmp_path / JOURNAL_FILE).is_file()
+
+
+def test_reopening_keeps_the_data(tmp_path):
+    new_journal(tmp_path).close()
+    again = Journal.open(tmp_path / "run")
+    assert again.status(0.0)["tasks"]["total"] == 3
+    assert again.run().id == "r1"
+
+
+def test_a_journal_from_a_newer_broker_is_refused_with_the_versions_named(tmp_path):
+    new_journal(tmp_path).close()
+    raw = sqlite3.connect(tmp_path / "run" / JOURNAL_FILE)
+    raw.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    raw.commit()
+    raw.close()
+    for readonly in (False, True):
+        with pytest.raises(JournalError, match=rf"newer broker.*v{SCHEMA_VERSION + 1}.*up to v{SCHEMA_VERSION}"):
+            Journal.open(tmp_path / "run", readonly=readonly)
+
+
+def test_a_foreign_sqlite_file_or_garbage_is_not_taken_for_a_journal(tmp_path):
+    raw = sqlite3.connect(tmp_path / JOURNAL_FILE)
+    raw.execute("CREATE TABLE other (x)")
+    raw.commit()
+    raw.close()
+    with pytest.raises(JournalError, match="not a broker journal"):
+        Journal.open(tmp_path)
+    garbage = tmp_path / "g"
+    garbage.mkdir()
+    (garbage / JOURNAL_FILE).write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(JournalError, match="not a readable broker journal"):
+        Journal.open(garbage)
+
+
+def test_read_only_open_needs_a_journal_and_refuses_writes(tmp_path):
+    with pytest.raises(JournalNotFound, match="no journal"):
+        Journal.open(tmp_path, readonly=True)
+    assert not (tmp_path / JOURNAL_FILE).exists()  # a reader never creates one
+    new_journal(tmp_path).close()
+    reader = Journal.open(tmp_path / "run", readonly=True)
+    assert reader.status(0.0)["tasks"]["total"] == 3
+    with pytest.raises(JournalError, match="read-only"):
+        reader.intend("launch", {}, "test")
+
+
+def test_one_run_per_journal_and_its_inputs_are_hashed(tmp_path):
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("private: []\n")
+    journal = Journal.open(tmp_path / "run")
+    run = journal.create_run("r1", goal_kind="deadline", goal_value=3600, deadline_s=3600,
+                             inventory_path=inventory, options={"margin_s": 120})
+    assert run.inventory_sha256 == hashlib.sha256(b"private: []\n").hexdigest()
+    assert run.options == {"margin_s": 120} and run.state == "running"
+    with pytest.raises(JournalError, match="already holds run 'r1'"):
+        journal.create_run("r2", goal_kind="budget", budget_usd=1.0)
+    with pytest.raises(JournalError, match="goal kind"):
+        Journal.open(tmp_path / "other").create_run("x", goal_kind="cheapest")
+
+
+def test_duplicate_task_ids_roll_back_the_whole_batch(tmp_path):
+    journal = new_journal(tmp_path, n_tasks=2)
+    with pytest.raises(JournalError, match="unique"):
+        journal.add_tasks([Task("new", "true"), Task("t0", "again")])
+    assert journal.status(0.0)["tasks"]["total"] == 2
+
+
+# -- the intent/outcome log -------------------------------------------------------------------
+
+def test_pending_intents_are_exactly_those_without_outcome(tmp_path):
+    journal = new_journal(tmp_path)
+    a = journal.intend("launch", {"type": "c5.xlarge", "token": "tok-1"}, "deadline_at_risk", at_s=1.0)
+    b = journal.intend("terminate", {"instance": "i-1"}, "surplus_at_billing_boundary", at_s=2.0)
+    c = journal.intend("assign", {"task": "t0"}, "dispatch", at_s=3.0)
+    assert journal.complete(a, {"instances": ["i-1"]}, at_s=4.0)
+    assert journal.fail(c, "agent unreachable", at_s=5.0)
+    pending = journal.pending_intents()
+    assert [(i.seq, i.kind, i.payload, i.cause) for i in pending] == [
+        (b, "terminate", {"instance": "i-1"}, "surplus_at_billing_boundary")
+    ]
+    # closing twice is a replay: refused, outcome unchanged
+    assert not journal.complete(a, {"instances": ["other"]})
+    assert not journal.fail(a, "late")
+    outcome = journal._db.execute("SELECT state, outcome FROM actions WHERE seq = ?", (a,)).fetchone()
+    assert outcome[0] == "done" and json.loads(outcome[1]) == {"instances": ["i-1"]}
+    with pytest.raises(JournalError, match="no action 999"):
+        journal.complete(999)
+
+
+# -- tasks ------------------------------------------------------------------------------------
+
+def test_start_and_result_are_recorded_once(tmp_path):
+    journal = new_journal(tmp_path)
+    assert journal.task_started("t0", 1, "n1")
+    assert not journal.task_started("t0", 1, "n1")
+    assert task_state(journal, "t0") == "running"
+    assert journal.task_finished("t0", 1, OK)
+    assert not journal.task_finished("t0", 1, BAD)  # a replayed (even contradictory) result
+    assert task_state(journal, "t0") == "done"
+    row = journal._db.execute(
+        "SELECT outcome, exit_code FROM attempts WHERE task_id = 't0' AND attempt = 1").fetchone()
+    assert row == ("ok", 0)
+    assert journal.status(0.0)["tasks"] == {"total": 3, "done": 1, "running": 0, "failed": 0, "left": 2}
+
+
+def test_a_replica_result_is_recorded_but_the_task_counts_once(tmp_path):
+    journal = new_journal(tmp_path)
+    journal.task_started("t0", 1, "n1")
+    journal.task_started("t0", 2, "n2")  # replica
+    assert journal.status(0.0)["tasks"]["running"] == 1
+    assert journal.task_finished("t0", 2, OK)
+    assert journal.task_finished("t0", 1, OK)
+    done_attempt = journal._db.execute("SELECT done_attempt FROM tasks WHERE id = 't0'").fetchone()[0]
+    assert done_attempt == 2  # the first result wins
+    outcomes = journal._db.execute("SELECT count(*) FROM attempts WHERE task_id = 't0' AND outcome = 'ok'")
+    assert outcomes.fetchone()[0] == 2
+    assert journal.status(0.0)["tasks"]["done"] == 1
+
+
+def test_a_failing_replica_does_not_requeue_a_task_still_running_elsewhere(tmp_path):
+    journal = new_journal(tmp_path, retries=0)
+    journal.task_started("t0", 1, "n1")
+    journal.task_started("t0", 2, "n2")
+    journal.task_finished("t0", 2, BAD)
+    assert task_state(journal, "t0") == "running"
+    journal.task_finished("t0", 1, BAD)
+    assert task_state(journal, "t0") == "failed"
+
+
+def test_failures_retry_until_the_retries_are_spent(tmp_path):
+    journal = new_journal(tmp_path, retries=2)
+    for attempt in (1, 2):
+        journal.task_started("t0", attempt, "n1")
+        journal.task_finished("t0", attempt, BAD)
+        assert task_state(journal, "t0") == "pending"
+        assert {p.id: p.next_attempt for p in journal.pending_tasks()}["t0"] == attempt + 1
+    journal.task_started("t0", 3, "n1")
+    journal.task_finished("t0", 3, AttemptResult(exit_code=None, runtime_s=60.0, timed_out=True))
+    assert task_state(journal, "t0") == "failed"
+    assert journal.status(0.0)["tasks"]["failed"] == 1
+
+
+def test_a_lost_node_requeues_its_running_tasks_with_the_next_attempt(tmp_path):
+    journal = new_journal(tmp_path, n_tasks=4, retries=1)
+    journal.task_started("t0", 1, "lost")
+    journal.task_started("t1", 1, "lost")
+    journal.task_started("t2", 1, "kept")
+    journal.task_started("t3", 1, "lost")
+    journal.task_finished("t3", 1, OK)
+    assert journal.requeue_running("lost") == ["t0", "t1"]
+    assert {p.id: p.next_attempt for p in journal.pending_tasks()} == {"t0": 2, "t1": 2}
+    assert [(a.task_id, a.node) for a in journal.running_attempts()] == [("t2", "kept")]
+    # the second loss exhausts the single retry
+    journal.task_started("t0", 2, "lost-again")
+    assert journal.requeue_running("lost-again") == []
+    assert task_state(journal, "t0") == "failed"
+    # a late result from the lost node is not recorded again
+    assert not journal.task_finished("t1", 1, OK)
+
+
+def test_a_result_without_a_recorded_start_is_accepted_once(tmp_path):
+    journal = new_journal(tmp_path)
+    assert journal.task_finished("t1", 4, OK, node="i-9")
+    assert not journal.task_finished("t1", 4, OK, node="i-9")
+    assert task_state(journal, "t1") == "done"
+    assert {p.id: p.next_attempt for p in journal.pending_tasks()} == {"t0": 1, "t2": 1}
+
+
+def test_quarantine_counts_as_failed_and_cancelled_tasks_are_left(tmp_path):
+    journal = new_journal(tmp_path, n_tasks=4)
+    assert journal.quarantine("t0", "kills its node")
+    assert not journal.quarantine("t0", "again")
+    assert journal.cancel_pending(["t1", "t2"], "budget_cap") == 2
+    assert journal.status(0.0)["tasks"] == {"total": 4, "done": 0, "running": 0, "failed": 1, "left": 3}
+    with pytest.raises(JournalError, match="unknown task 'nope'"):
+        journal.quarantine("nope", "x")
+
+
+def test_samples_run_as_sampling_in_draw_order(tmp_path):
+    journal = new_journal(tmp_path, n_tasks=4)
+    assert journal.record_sample_draws(["t2", "t0"]) == [1, 2]
+    assert journal.record_sample_draws(["t3"]) == [3]
+    with pytest.raises(JournalError, match="already drawn"):
+        journal.record_sample_draws(["t0"])
+    journal.task_started("t2", 1, "n1")
+    assert task_state(journal, "t2") == "sampling"
+    assert journal.status(0.0)["tasks"]["running"] == 1
+
+
+# -- instances and committed spend ---------------------------------------------------------------
+
+def test_hourly_spend_charges_every_started_hour(tmp_path):
+    journal = new_journal(tmp_path)
+    journal.record_launch("i-1", "c5.xlarge", launched_at_s=1000.0, price_per_hour=0.17,
+                          billing=Billing.hourly(), client_token="tok-1")
+    assert journal.committed_usd(1000.0) == pytest.approx(0.17)  # the first hour at launch
+    assert journal.committed_usd(1000.0 + 3600.0) == pytest.approx(0.17)  # boundary: still one hour
+    assert journal.committed_usd(1000.0 + 3601.0) == pytest.approx(0.34)
+    journal.record_instance_state("i-1", "running", at_s=1090.0)
+    journal.record_instance_state("i-1", "terminated", at_s=1000.0 + 7000.0)
+    # terminated after 1h56m40s: two hours, forever after
+    assert journal.committed_usd(1e6) == pytest.approx(0.34)
+    assert not journal.record_instance_state("i-1", "running", at_s=9000.0)  # stale describe
+    inst = journal.instances(1e6)[0]
+    assert (inst.state, inst.ready_at_s, inst.paid_until_s) == ("terminated", 1090.0, 1000.0 + 7200.0)
+
+
+def test_per_second_spend_has_a_minute_minimum_then_prorates(tmp_path):
+    journal = new_journal(tmp_path)
+    journal.record_launch("i-2", "m5.large", launched_at_s=0.0, price_per_hour=0.36,
+                          billing=Billing.per_second())
+    assert journal.committed_usd(30.0) == pytest.approx(0.36 * 60 / 3600)  # 0.006: the minimum
+    assert journal.committed_usd(61.2) == pytest.approx(0.36 * 62 / 3600)  # 0.0062
+    assert journal.committed_usd(3600.0) == pytest.approx(0.36)
+
+
+def test_spend_adds_instances_and_private_nodes_until_the_run_ends(tmp_path):
+    journal = new_journal(tmp_path, at_s=0.0)
+    journal.record_private_node("lab-a", slots=40, speed=10, cost_per_hour=0.32, at_s=1000.0)
+    journal.record_launch("i-1", "c5.xlarge", launched_at_s=1000.0, price_per_hour=0.17,
+                          billing=Billing.hourly())
+    journal.record_launch("i-2", "m5.large", launched_at_s=1000.0, price_per_hour=0.36,
+                          billing=Billing.custom(600, 600))
+    # at 1000 + 1800: lab-a 0.32 * 0.5 = 0.16; i-1 one hour 0.17; i-2 three 10-min units 0.18
+    assert journal.committed_usd(2800.0) == pytest.approx(0.16 + 0.17 + 0.18)
+    journal.record_instance_state("i-2", "terminated", at_s=2800.0)
+    journal.finish_run("finished", at_s=4600.0)
+    # private cost stops at the run's end (0.32), i-1 still alive pays 2 hours at 1000+3700
+    assert journal.committed_usd(4700.0) == pytest.approx(0.32 + 0.34 + 0.18)
+    assert journal.status(4700.0)["committed_usd"] == pytest.approx(0.84)
+
+
+def test_launches_are_idempotent_and_client_tokens_unique(tmp_path):
+    journal = new_journal(tmp_path)
+    kw = dict(launched_at_s=0.0, price_per_hour=0.1, billing=Billing.hourly())
+    assert journal.record_launch("i-1", "t", client_token="tok-1", **kw)
+    assert not journal.record_launch("i-1", "t", client_token="tok-1", **kw)
+    with pytest.raises(sqlite3.IntegrityError):
+        journal.record_launch("i-2", "t", client_token="tok-1", **kw)
+    with pytest.raises(JournalError, match="unknown instance"):
+        journal.record_instance_state("i-404", "running")
+    with pytest.raises(JournalError, match="instance state must be"):
+        journal.record_instance_state("i-1", "stopped")
+
+
+def test_release_times_are_kept_and_cleared(tmp_path):
+    journal = new_journal(tmp_path)
+    journal.record_launch("i-1", "t", launched_at_s=0.0, price_per_hour=0.1, billing=Billing.hourly())
+    assert journal.set_release("i-1", 3480.0)
+    assert journal.instances(10.0)[0].release_at_s == 3480.0
+    assert journal.set_release("i-1", None)
+    assert journal.instances(10.0)[0].release_at_s is None
+
+
+# -- summaries ---------------------------------------------------------------------------------
+
+def test_status_has_exactly_the_documented_shape(tmp_path):
+    journal = new_journal(tmp_path, n_tasks=5, budget_usd=2.5)
+    journal.task_started("t0", 1, "n")
+    journal.task_started("t1", 1, "n")
+    journal.task_finished("t1", 1, OK)
+    journal.quarantine("t2", "poison")
+    journal.record_launch("i-1", "t", launched_at_s=0.0, price_per_hour=0.5, billing=Billing.hourly())
+    journal.record_launch("i-2", "t", launched_at_s=0.0, price_per_hour=0.5, billing=Billing.hourly())
+    journal.record_instance_state("i-2", "terminated", at_s=10.0)
+    assert journal.status(100.0) == {
+        "tasks": {"total": 5, "done": 1, "running": 1, "failed": 1, "left": 3},
+        "instances": {"running": 1, "terminated": 1},
+        "committed_usd": 1.0,
+        "budget_usd": 2.5,
+    }
+
+
+def test_overview_gives_the_last_plan_and_its_eta(tmp_path):
+    journal = new_journal(tmp_path, at_s=100.0)
+    journal.record_plan(makespan_s=5000.0, cost_usd=1.2, fleet={"c5": 2}, chosen={"deadline": 5000},
+                        reason="initial", at_s=200.0)
+    journal.record_plan(makespan_s=4000.0, cost_usd=1.5, fleet={"c5": 3}, chosen={"deadline": 5000},
+                        reason="deadline_at_risk", confidence=0.9, at_s=300.0)
+    overview = journal.overview(400.0)
+    assert overview.last_plan.reason == "deadline_at_risk" and overview.last_plan.fleet == {"c5": 3}
+    assert overview.eta_at_s == 100.0 + 4000.0
+
+
+def test_events_are_kept_in_order_and_filterable(tmp_path):
+    journal = new_journal(tmp_path)
+    journal.record_event("plan.solved", {"makespan_s": 10}, at_s=1.0)
+    journal.record_event("task.done", {"task_id": "t0"}, at_s=2.0)
+    journal.record_event("plan.solved", {"makespan_s": 8}, at_s=3.0)
+    assert [f["makespan_s"] for _, _, f in journal.events("plan.solved")] == [10, 8]
+    assert [name for _, name, _ in journal.events()] == ["plan.solved", "task.done", "plan.solved"]
