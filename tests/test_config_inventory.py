@@ -269,3 +269,11 @@ def _as_yaml(inventory: Inventory) -> str:
 @given(inventories())
 def test_any_valid_inventory_round_trips_through_yaml(inventory):
     assert parse_inventory(_as_yaml(inventory)) == inventory
+
+
+def test_unquoted_exponent_is_a_number_but_a_quoted_one_stays_text():
+    text = "aws:\n  types:\n    - {{name: t, slots: 1, speed: 1, price: {price}, limit: 1}}\n"
+    assert parse_inventory(text.format(price="17e-2")).types[0].price_per_hour == pytest.approx(0.17)
+    with pytest.raises(ConfigError) as exc:
+        parse_inventory(text.format(price="'17e-2'"), "inv.yaml")
+    assert rendered(exc) == ["inv.yaml:3: aws.types[0].price: expected a number >= 0, got the string '17e-2'"]

@@ -7,13 +7,15 @@ constructed value and the 1-based line and column of the value, plus the line of
 when it is a mapping member. Validators read values from nodes and cite ``node.where``.
 
 Mapping keys are kept as the text the user typed (``yes:`` stays ``"yes"``, not ``True``),
-duplicate keys are reported rather than silently overwritten, and ``<<: *anchor`` merge
-keys work as in YAML 1.1. Anything the parser rejects becomes one :class:`Problem` with the
-parser's line, column and reason.
+duplicate keys are reported rather than silently overwritten, ``<<: *anchor`` merge keys
+work as in YAML 1.1, and an unquoted ``1e-3`` is a number (as in YAML 1.2), not a string.
+Anything the parser rejects becomes one :class:`Problem` with the parser's line, column
+and reason.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,10 @@ import yaml
 from .errors import ConfigError, Problem
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_STR_TAG = "tag:yaml.org,2002:str"
+# YAML 1.1 (PyYAML) reads an unquoted 1e-3 as a string, because its floats need a dot; YAML
+# 1.2 and every user read it as a number, so plain scalars of this form become floats.
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +105,8 @@ def _convert(
     if isinstance(node, yaml.SequenceNode):
         items = tuple(_convert(loader, item, None, source, problems) for item in node.value)
         return Node(items, line, column, key_line)
+    if node.style is None and node.tag == _STR_TAG and _EXPONENT_FLOAT.match(node.value):
+        return Node(float(node.value), line, column, key_line)
     try:
         value = loader.construct_object(node)
     except (ValueError, TypeError) as exc:  # e.g. ``!!int abc``: the tag's constructor refused it
