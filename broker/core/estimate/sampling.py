@@ -1,0 +1,146 @@
+"""The sampling phase as pure logic: which task to run next, and in what order results
+reach the stopping rule (ALGORITHMS.md 2.1, "Rules that make it correct in a live system").
+
+* Tasks are drawn uniformly at random without replacement (a permutation of the bag taken
+  from the caller's generator); sampled tasks are real tasks and never run twice.
+* Draws run in parallel, so results come back in *completion* order, in which short tasks
+  come first. The rule is fed strictly in *draw* order: a result that arrives before the
+  results of earlier draws waits in a buffer. Feeding completion order would bias the mean
+  low (the tests show it).
+* The driver keeps up to ``slots`` draws in flight but never more outstanding draws
+  (in flight or waiting in the buffer) than the rule's upper bound on what it can still
+  use (:class:`~broker.core.estimate.contract.Need`).
+* Results that arrive after the rule is satisfied are kept as ``extra``: the work is done,
+  and the online estimator (:mod:`broker.core.estimate.survival`) can use them.
+
+Runtimes are recorded in wall seconds with the speed of the slot they ran on; the rule sees
+``Z = min(runtime * speed, R_max) / R_max``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .contract import Estimate, StoppingRule
+
+
+class BagExhausted(RuntimeError):
+    """The rule wants more samples than the bag has tasks left to draw."""
+
+
+class SamplingDriver:
+    """Draw tasks at random, collect their runtimes, feed the rule in draw order."""
+
+    def __init__(
+        self, n_tasks: int, rule: StoppingRule, rng: np.random.Generator, r_max_s: float, slots: int = 1
+    ):
+        if n_tasks < 1:
+            raise ValueError(f"the bag must hold at least one task, got {n_tasks}")
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        if not r_max_s > 0:
+            raise ValueError(f"R_max must be positive, got {r_max_s!r}")
+        self.n_tasks = int(n_tasks)
+        self.rule = rule
+        self.r_max_s = float(r_max_s)
+        self.slots = int(slots)
+        self._order = rng.permutation(self.n_tasks)
+        self._next_order = 0  # position in the permutation of the next draw
+        self._fed = 0  # draws whose result the rule has consumed (a prefix of the draw order)
+        self._runtime_ref_s: dict[int, float] = {}  # completed draws: reference runtime
+        self._in_flight: set[int] = set()
+        self._extra: list[int] = []  # completed draws the rule did not need, in draw order
+
+    # -- dispatch ---------------------------------------------------------------------------
+    def next_draw(self) -> int | None:
+        """Index of the next task to run, or None when no draw is needed right now.
+
+        None means: the rule is satisfied, all ``slots`` are busy, enough draws are already
+        outstanding for what the rule can still use, or the bag is exhausted (see
+        :attr:`exhausted`).
+        """
+        if self.done or len(self._in_flight) >= self.slots or self._next_order >= self.n_tasks:
+            return None
+        at_most = self.rule.needed().at_most
+        if at_most is not None and self.outstanding >= at_most:
+            return None
+        task = int(self._order[self._next_order])
+        self._next_order += 1
+        self._in_flight.add(task)
+        return task
+
+    def record(self, task_index: int, runtime_s: float, speed: float = 1.0) -> None:
+        """The draw ``task_index`` finished after ``runtime_s`` wall seconds on a slot of
+        ``speed``. Results may come in any order; each draw is recorded exactly once."""
+        if task_index not in self._in_flight:
+            if task_index in self._runtime_ref_s:
+                raise ValueError(f"task {task_index} was already recorded")
+            raise ValueError(f"task {task_index} was not drawn by this sampling phase")
+        if not (runtime_s >= 0 and speed > 0):
+            raise ValueError(f"runtime must be >= 0 and speed > 0, got {runtime_s!r} at speed {speed!r}")
+        self._in_flight.discard(task_index)
+        self._runtime_ref_s[task_index] = float(runtime_s) * float(speed)
+        self._feed_in_draw_order()
+
+    def _feed_in_draw_order(self) -> None:
+        """Pass the longest run of completed draws that follows the fed prefix to the rule
+        (in one call, for speed); whatever the rule does not take is extra."""
+        run: list[int] = []
+        for position in range(self._fed, self._next_order):
+            task = int(self._order[position])
+            if task not in self._runtime_ref_s:
+                break  # an earlier draw is still running: later results wait
+            run.append(task)
+        if not run:
+            return
+        z = np.minimum([self._runtime_ref_s[t] for t in run], self.r_max_s) / self.r_max_s
+        used = self.rule.feed_many(z)
+        self._extra.extend(run[used:])
+        self._fed += len(run)
+
+    # -- state ------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        """The rule is satisfied."""
+        return not self.rule.wants_more()
+
+    @property
+    def exhausted(self) -> bool:
+        """Every task has been drawn and completed, and the rule still wants more."""
+        return not self.done and self._next_order >= self.n_tasks and not self._in_flight
+
+    @property
+    def outstanding(self) -> int:
+        """Draws not yet consumed by the rule (running, or finished and waiting in order)."""
+        return self._next_order - self._fed
+
+    @property
+    def drawn(self) -> frozenset[int]:
+        return frozenset(int(i) for i in self._order[: self._next_order])
+
+    @property
+    def completed(self) -> frozenset[int]:
+        return frozenset(self._runtime_ref_s)
+
+    @property
+    def in_flight(self) -> frozenset[int]:
+        return frozenset(self._in_flight)
+
+    @property
+    def extra(self) -> dict[int, float]:
+        """Completed draws past the stopping point: task index -> reference runtime (s)."""
+        return {task: self._runtime_ref_s[task] for task in self._extra}
+
+    @property
+    def runtimes_ref_s(self) -> dict[int, float]:
+        """Every completed draw (used by the rule or extra): task index -> reference runtime."""
+        return dict(self._runtime_ref_s)
+
+    def estimate(self) -> Estimate:
+        """The rule's estimate; :class:`BagExhausted` if the bag ran out first."""
+        if self.exhausted:
+            raise BagExhausted(
+                f"rule {self.rule.name!r} still wants samples after all {self.n_tasks} tasks of the "
+                "bag were drawn; loosen eps or delta, or use a cheaper rule"
+            )
+        return self.rule.estimate()
