@@ -108,53 +108,54 @@ def _in_line_order(problems: list[Problem]) -> list[Problem]:
 def _tasks(
     check: Checker, fields: dict[str, Node], root: Node | None, base: Path, data_checks: list[Checker]
 ) -> list[Task]:
-    """The tasks from whichever single source the bag names; ``[]`` after reporting a problem."""
+    """The tasks from the bag's one task source; ``[]`` once a problem is reported.
+
+    Problems inside a task file or CSV go to a checker of their own (appended to
+    ``data_checks``), so that they cite that file and its lines.
+    """
+    source_key = _task_source(check, fields, root)
+    if source_key is None:
+        return []
+    if source_key == "command":
+        return _sweep_tasks(check, fields["command"], fields["sweep"])
+    data = _read_data_file(check, fields[source_key], source_key, base)
+    if data is None:
+        return []
+    data_path, data_text = data
+    data_check = Checker(str(data_path))
+    data_checks.append(data_check)
+    reader = _file_tasks if source_key == "tasks_file" else _csv_tasks
+    tasks = reader(data_check, data_text)
+    if data_check.problems:
+        return []
+    if not tasks:
+        check.problem(source_key, f"the bag has no tasks: {data_path} lists no commands", fields[source_key].where)
+    return tasks
+
+
+def _task_source(check: Checker, fields: dict[str, Node], root: Node | None) -> str | None:
+    """``command`` (with its sweep), ``tasks_file`` or ``csv``: exactly one, or a problem."""
     given = [key for key in _TASK_SOURCES if key in fields]
     if not given:
-        check.problem(
-            None,
-            "the bag names no tasks: give command + sweep, tasks_file, or csv",
-            root.line if root is not None else None,
-        )
-        return []
+        where = root.line if root is not None else None
+        check.problem(None, "the bag names no tasks: give command + sweep, tasks_file, or csv", where)
+        return None
     if len(given) > 1:
-        check.problem(
-            given[1],
-            f"give only one task source; this bag has {' and '.join(given)}",
-            fields[given[1]].where,
-        )
-        return []
+        check.problem(given[1], f"give only one task source; this bag has {' and '.join(given)}", fields[given[1]].where)
+        return None
     source_key = given[0]
     if "sweep" in fields and source_key != "command":
         check.problem("sweep", f"sweep fills a command template; it does not apply to {source_key}", fields["sweep"].where)
-        return []
-    before = len(check.problems)
-    if source_key == "command":
-        if "sweep" not in fields:
-            check.problem(
-                "sweep",
-                "command is a template and needs a sweep of the parameters to fill in "
-                "(for a fixed list of commands use tasks_file)",
-                fields["command"].where,
-            )
-            return []
-        tasks = _sweep_tasks(check, fields["command"], fields["sweep"])
-    else:
-        data = _read_data_file(check, fields[source_key], source_key, base)
-        if data is None:
-            return []
-        data_path, data_text = data
-        data_check = Checker(str(data_path))
-        data_checks.append(data_check)
-        reader = _file_tasks if source_key == "tasks_file" else _csv_tasks
-        tasks = reader(data_check, data_text)
-        if data_check.problems:
-            return []
-        if not tasks:
-            check.problem(source_key, f"the bag has no tasks: {data_path} lists no commands", fields[source_key].where)
-    if not tasks and len(check.problems) == before:
-        check.problem(source_key, "the bag has no tasks", fields[source_key].where)
-    return tasks
+        return None
+    if source_key == "command" and "sweep" not in fields:
+        check.problem(
+            "sweep",
+            "command is a template and needs a sweep of the parameters to fill in "
+            "(for a fixed list of commands use tasks_file)",
+            fields["command"].where,
+        )
+        return None
+    return source_key
 
 
 # -- command + sweep ----------------------------------------------------------------------
@@ -367,6 +368,7 @@ def _csv_tasks(check: Checker, text: str) -> list[Task]:
     tools = {column: column[len(_ESTIMATE_PREFIX) :] for column in header if column.startswith(_ESTIMATE_PREFIX)}
     tasks: list[Task] = []
     first_line_of_id: dict[str, int] = {}
+    position = 0  # of the row among the non-blank data rows, for positional ids
     while True:
         line = reader.line_num + 1
         try:
@@ -378,11 +380,12 @@ def _csv_tasks(check: Checker, text: str) -> list[Task]:
             return []
         if not row or all(not cell.strip() for cell in row):
             continue
+        position += 1
         if len(row) != len(header):
             check.problem(None, f"the row has {len(row)} fields but the header has {len(header)}", line)
             continue
         cells = dict(zip(header, (cell.strip() for cell in row)))
-        task = _csv_task(check, cells, tools, line, len(tasks) + 1, first_line_of_id)
+        task = _csv_task(check, cells, tools, line, position, first_line_of_id)
         if task is not None:
             tasks.append(task)
     return tasks
