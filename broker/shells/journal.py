@@ -589,8 +589,9 @@ class Journal:
 
         Returns False, changing nothing, when that (task, attempt) was already recorded (a
         replayed message). A second attempt while one runs is a replica: it is recorded and
-        the task stays running. A start for a task already done (a late replica) is recorded
-        without touching the task.
+        the task stays running. A start for a task already closed (done, failed, quarantined,
+        cancelled: a late message) is recorded without touching the task; should that
+        attempt succeed, the task becomes done.
         """
         with self._write() as db:
             self._require_task(db, task_id)
@@ -706,8 +707,9 @@ class Journal:
                 (now, node),
             )
             requeued = []
-            for task_id in dict.fromkeys(task_ids):
-                if self._count_failure(db, task_id, f"node {node} lost") == "pending":
+            for task_id in dict.fromkeys(task_ids):  # each lost attempt is one failure
+                lost = task_ids.count(task_id)
+                if self._count_failure(db, task_id, f"node {node} lost", lost) == "pending":
                     requeued.append(task_id)
             return requeued
 
@@ -736,17 +738,21 @@ class Journal:
         if db.execute("SELECT 1 FROM tasks WHERE id = ?", (task_id,)).fetchone() is None:
             raise JournalError(f"unknown task {task_id!r}")
 
-    def _count_failure(self, db: sqlite3.Connection, task_id: str, note: str) -> str:
-        db.execute("UPDATE tasks SET failures = failures + 1, note = ? WHERE id = ? AND state <> 'done'", (note, task_id))
+    def _count_failure(self, db: sqlite3.Connection, task_id: str, note: str, failures: int = 1) -> str:
+        db.execute(
+            "UPDATE tasks SET failures = failures + ?, note = ? WHERE id = ? AND state <> 'done'",
+            (failures, note, task_id),
+        )
         return self._settle(db, task_id)
 
     @staticmethod
     def _settle(db: sqlite3.Connection, task_id: str) -> str:
-        """After an attempt ended without success: the task's state. Only a running task
-        with no attempt left running moves: to pending while failures <= retries, else failed."""
+        """After an attempt ended without success: the task's state. A task still open
+        (pending, running, sampling) with no attempt left running goes to pending while
+        failures <= retries, else to failed."""
         db.execute(
             "UPDATE tasks SET state = CASE WHEN failures > (SELECT retries FROM run) THEN 'failed' ELSE 'pending' END"
-            " WHERE id = ? AND state IN ('running', 'sampling')"
+            " WHERE id = ? AND state IN ('pending', 'running', 'sampling')"
             " AND NOT EXISTS (SELECT 1 FROM attempts WHERE task_id = ? AND outcome = 'running')",
             (task_id, task_id),
         )
