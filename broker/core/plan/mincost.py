@@ -1,0 +1,341 @@
+"""Min cost under a deadline: the aggregate fleet ILP (ALGORITHMS.md 3.1).
+
+Given the deadline T (from now), the work W and the ramps of ``capacity.py``:
+
+    variables  y(i,u) in Z>=0   new instances of type i kept u quanta, u = 1 .. U_i = ceil(T / q_i)
+               extension of each existing instance e by u_e quanta, u_e = 0 .. ceil((T - p_e) / q_e)
+               x_v in [0, 1 - g_v / T]   share of the horizon private node v is busy
+    capacity   cap(i,u) = r_i (min(u q_i, T) - b_i - g_i)^+
+               cap(e,u) = r_e (min(p_e + u q_e, T) - s_e - g_e)^+     (p_e paid time left, s_e boot left)
+               cap(v)   = r_v T x_v
+    minimize   sum c_i charged(u) y(i,u) + sum_e (c_e q_e / 3600) u_e + sum_v c_v (T / 3600) x_v
+    subject to sum cap >= W;   sum_u y(i,u) + (existing instances of type i) <= L_i
+
+Keeping the model small, exactly. When the minimum billed time fits in the first quantum,
+charged(u) = u q_i c_i / 3600 is linear in u and, among instances kept u <= U_i - 2 quanta,
+moving one quantum from the shorter to the longer never lowers capacity (the longer gains a
+whole quantum, the shorter loses at most one) and keeps the cost. Repeating the move leaves at
+most one such instance per type. So each type needs only
+
+    y_full  instances kept U_i quanta,  y_prev  kept U_i - 1 quanta,
+    one optional short instance: delta in {0,1}, s in {delta .. (U_i - 2) delta} quanta,
+            cap = r_i (q_i s - (b_i + g_i) delta),  cost = c_i q_i s / 3600,
+
+whatever T is. (A short instance with negative modelled capacity is never worth buying.)
+When the minimum spans several quanta the model lists y(i,u) for u up to min(U_i, u_sat_i).
+Each existing instance likewise needs: d in {0,1} "use the paid time plus v quanta", v in
+{0 .. (U_e - 1) d}, f in {0,1} "extend to the horizon", d + f <= 1,
+cap = r_e ((p_e - s_e - g_e) d + q_e v) + r_e (T - s_e - g_e)^+ f.
+
+Tie-break: every new instance-quantum, extension quantum and short-instance quantum also
+costs ``tie_break_usd x (1 + index / (n + 1))`` (index = the type's position in the
+inventory), so among equal-cost plans the solver prefers fewer paid quanta, then types listed
+earlier. The reported cost never includes it.
+
+Status is read from ``pulp.LpSolution[prob.sol_status]`` (``LpStatus`` says Optimal at a
+time limit): proven optimal -> ``optimal``; stopped with an incumbent -> ``time_limit``; no
+answer -> a greedy plan, ``heuristic``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import pulp
+
+from ..model import ExistingInstance, MachineType, PrivateNode
+from .capacity import WORK_RTOL, Catalogue, NewOffer, Ramp, least_time_s
+from .types import HEURISTIC, OPTIMAL, TIME_LIMIT, Extension, NewGroup, NoFeasiblePlan, Plan, PlanOptions, Work
+
+if hasattr(pulp, "set_v4_migration_warnings"):
+    pulp.set_v4_migration_warnings(False)
+
+
+def min_cost(
+    types: Sequence[MachineType],
+    private: Sequence[PrivateNode],
+    work: Work,
+    deadline_s: float,
+    *,
+    existing: Sequence[ExistingInstance] = (),
+    now_s: float = 0.0,
+    options: PlanOptions = PlanOptions(),
+) -> Plan:
+    """The cheapest plan that finishes ``work`` within ``deadline_s`` seconds from ``now_s``.
+
+    Raises :class:`NoFeasiblePlan` (with the fastest and the cheapest possible plans) when no
+    plan can finish in time.
+    """
+    catalogue = Catalogue.build(types, private, work, existing, now_s, options)
+    return solve_at(catalogue, work, deadline_s, options)
+
+
+def solve_at(catalogue: Catalogue, work: Work, deadline_s: float, options: PlanOptions) -> Plan:
+    """min_cost on a prepared catalogue (the front and the budget search call this many times)."""
+    if not deadline_s > 0:
+        raise ValueError(f"a deadline must be > 0 seconds from now, got {deadline_s!r}")
+    w = work.total_ref_s
+    if w > 0 and catalogue.max_capacity_ref_s(deadline_s) < w * (1 - WORK_RTOL):
+        from .search import infeasible_deadline  # the search module solves through this one
+
+        raise infeasible_deadline(catalogue, work, deadline_s, options)
+    # Beyond the saturation horizon no plan is cheaper and the ramps are the same: solve there.
+    model_s = min(deadline_s, max(catalogue.saturation_horizon_s(w), catalogue.fastest_horizon_s(w)))
+    if w <= 0:
+        return assemble(catalogue, work, deadline_s, Choice(), OPTIMAL, 0.0)
+    return _solve_ilp(catalogue, work, model_s, deadline_s, options)
+
+
+def nothing_to_run_on() -> NoFeasiblePlan:
+    return NoFeasiblePlan(
+        "nothing to run on: the inventory has no private node with slots and no instance type "
+        "with room under its limit"
+    )
+
+
+# -- the choice a solver makes, and the plan it means ------------------------------------------
+
+
+@dataclass
+class Choice:
+    """Solver output in plain numbers: new[(type index, quanta)] = count, extra quanta, shares."""
+
+    new: dict[tuple[int, int], int] = field(default_factory=dict)
+    extra_quanta: dict[str, int] = field(default_factory=dict)
+    shares: dict[str, float] = field(default_factory=dict)
+
+    def add_new(self, index: int, quanta: int, count: int) -> None:
+        if count > 0 and quanta > 0:
+            self.new[(index, quanta)] = self.new.get((index, quanta), 0) + count
+
+
+def assemble(
+    catalogue: Catalogue, work: Work, horizon_s: float, choice: Choice, status: str, solve_ms: float
+) -> Plan:
+    """Cost, capacity, makespan and release times of a choice."""
+    offers = {o.index: o for o in catalogue.new}
+    fleet = {t.name: 0 for t in catalogue.types}
+    capacity: dict[str, float] = {}
+    ramps: list[Ramp] = []
+    cost_usd = 0.0
+    groups = []
+    for (index, quanta), count in sorted(choice.new.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
+        offer = offers[index]
+        name = offer.type.name
+        ramp = Ramp(offer.rate_per_s, offer.start_s, quanta * offer.quantum_s)
+        ramps += [ramp] * count
+        capacity[name] = capacity.get(name, 0.0) + count * ramp.capacity(horizon_s)
+        cost_usd += count * offer.cost_usd(quanta)
+        fleet[name] += count
+        groups.append(NewGroup(name, count, quanta, offer.paid_s(quanta)))
+    extensions = []
+    for old in catalogue.existing:
+        extra = choice.extra_quanta.get(old.instance.id, 0)
+        ramp = old.ramp(extra)
+        ramps.append(ramp)
+        name = old.type.name
+        capacity[name] = capacity.get(name, 0.0) + ramp.capacity(horizon_s)
+        cost_usd += extra * old.quantum_usd
+        fleet[name] += 1
+        extensions.append(Extension(old.instance.id, extra, old.instance.paid_until_s + extra * old.quantum_s))
+    shares = {}
+    for p in catalogue.private:
+        share = min(1.0, max(0.0, choice.shares.get(p.node.name, 0.0)))
+        shares[p.node.name] = share
+        busy_s = share * horizon_s
+        ramps.append(Ramp(p.rate_per_s, p.start_s, p.start_s + busy_s))
+        capacity[p.node.name] = p.rate_per_s * busy_s
+        cost_usd += p.node.cost_per_hour * busy_s / 3600.0
+    makespan_s = min(horizon_s, least_time_s(ramps, work.total_ref_s))
+    return Plan(
+        makespan_s=makespan_s,
+        cost_usd=cost_usd,
+        fleet=fleet,
+        new=tuple(groups),
+        existing=tuple(extensions),
+        private_share=shares,
+        status=status,
+        solve_ms=solve_ms,
+        capacity=capacity,
+        horizon_s=horizon_s,
+    )
+
+
+# -- the ILP -------------------------------------------------------------------------------------
+
+
+def _quanta_to(horizon_s: float, quantum_s: float) -> int:
+    return max(1, math.ceil(horizon_s / quantum_s - 1e-9))
+
+
+def _solve_ilp(catalogue: Catalogue, work: Work, model_s: float, horizon_s: float, options: PlanOptions) -> Plan:
+    started = time.perf_counter()
+    T = model_s
+    prob = pulp.LpProblem("min_cost", pulp.LpMinimize)
+    cap_terms: list = []
+    cost_terms: list = []
+    readers: list = []  # callables that turn solved variables into the Choice
+    n = len(catalogue.types)
+
+    def tie(index: int) -> float:
+        return options.tie_break_usd * (1.0 + index / (n + 1))
+
+    for offer in catalogue.new:
+        _new_type_terms(prob, offer, T, work, tie(offer.index), cap_terms, cost_terms, readers)
+    for k, old in enumerate(catalogue.existing):
+        _existing_terms(prob, k, old, T, tie(catalogue.types.index(old.type)), cap_terms, cost_terms, readers)
+    for k, p in enumerate(catalogue.private):
+        top = max(0.0, 1.0 - p.start_s / T)
+        if top <= 0:
+            continue
+        x = pulp.LpVariable(f"x_{k}", 0, top)
+        cap_terms.append(p.rate_per_s * T * x)
+        cost_terms.append(p.node.cost_per_hour * T / 3600.0 * x)
+        readers.append(lambda c, x=x, name=p.node.name: c.shares.__setitem__(name, float(x.value() or 0.0)))
+
+    prob += pulp.lpSum(cost_terms)
+    prob += pulp.lpSum(cap_terms) >= work.total_ref_s, "work"
+    prob.solve(_solver(options))
+    if prob.sol_status == pulp.LpSolutionOptimal:
+        status = OPTIMAL
+    elif prob.sol_status == pulp.LpSolutionIntegerFeasible:
+        status = TIME_LIMIT
+    else:
+        choice = greedy_choice(catalogue, work, T)
+        return assemble(catalogue, work, horizon_s, choice, HEURISTIC, _ms_since(started))
+    choice = Choice()
+    for read in readers:
+        read(choice)
+    return assemble(catalogue, work, horizon_s, choice, status, _ms_since(started))
+
+
+def _new_type_terms(prob, offer: NewOffer, T: float, work: Work, tie_usd: float, cap_terms, cost_terms, readers):
+    i, r, start, q = offer.index, offer.rate_per_s, offer.start_s, offer.quantum_s
+    top = _quanta_to(T, q)
+    chosen = []  # (variable, quanta) pairs counting against the limit
+    if offer.linear_cost:
+        candidates = [top, top - 1] if top >= 2 else [top]
+    else:
+        candidates = list(range(1, min(top, offer.saturation_quanta(work.total_ref_s)) + 1))
+    for u in candidates:
+        cap = r * max(0.0, min(u * q, T) - start)
+        if cap <= 0:
+            continue
+        y = pulp.LpVariable(f"y_{i}_{u}", 0, offer.limit, cat="Integer")
+        cap_terms.append(cap * y)
+        cost_terms.append((offer.cost_usd(u) + tie_usd * u) * y)
+        chosen.append(y)
+        readers.append(lambda c, y=y, u=u: c.add_new(i, u, _int(y)))
+    if offer.linear_cost and top >= 3 and (top - 2) * q > start:
+        delta = pulp.LpVariable(f"short_{i}", cat="Binary")
+        s = pulp.LpVariable(f"short_quanta_{i}", 0, top - 2, cat="Integer")
+        prob += s <= (top - 2) * delta
+        prob += s >= delta
+        cap_terms.append(r * q * s - r * start * delta)
+        cost_terms.append((offer.type.price_per_hour * q / 3600.0 + tie_usd) * s)
+        chosen.append(delta)
+        readers.append(lambda c, s=s, delta=delta: c.add_new(i, _int(s), _int(delta)))
+    if chosen:
+        prob += pulp.lpSum(chosen) <= offer.limit, f"limit_{i}"
+
+
+def _existing_terms(prob, k: int, old, T: float, tie_usd: float, cap_terms, cost_terms, readers):
+    if old.paid_s >= T:
+        return  # paid beyond the horizon: nothing to decide, its capacity is a constant
+    r, q, start = old.rate_per_s, old.quantum_s, old.start_s
+    top = _quanta_to(T - old.paid_s, q)
+    base = old.paid_s - start
+    name = old.instance.id
+    d = pulp.LpVariable(f"use_{k}", cat="Binary")
+    f = pulp.LpVariable(f"extend_full_{k}", cat="Binary")
+    prob += d + f <= 1
+    cap_terms.append(r * base * d + r * max(0.0, T - start) * f)
+    cost_terms.append((old.quantum_usd + tie_usd) * top * f)
+    if top >= 2:
+        v = pulp.LpVariable(f"extend_{k}", 0, top - 1, cat="Integer")
+        prob += v <= (top - 1) * d
+        cap_terms.append(r * q * v)
+        cost_terms.append((old.quantum_usd + tie_usd) * v)
+        readers.append(lambda c, v=v, f=f: c.extra_quanta.__setitem__(name, top if _int(f) else _int(v)))
+    else:
+        readers.append(lambda c, f=f: c.extra_quanta.__setitem__(name, top if _int(f) else 0))
+
+
+def _int(var) -> int:
+    return int(round(var.value() or 0.0))
+
+
+def _solver(options: PlanOptions):
+    available = pulp.listSolvers(onlyAvailable=True)
+    if options.solver not in ("auto", "cbc", "highs"):
+        raise ValueError(f"PlanOptions.solver must be auto, cbc or highs, got {options.solver!r}")
+    kwargs = dict(msg=False, timeLimit=options.time_limit_s, gapRel=options.gap_rel)
+    if options.solver == "highs" or (options.solver == "auto" and "HiGHS" in available):
+        if "HiGHS" not in available:
+            raise ValueError("PlanOptions.solver is 'highs' but pulp cannot find HiGHS (pip install highspy)")
+        return pulp.HiGHS(**kwargs)
+    return pulp.PULP_CBC_CMD(**kwargs)
+
+
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000.0
+
+
+# -- the fallback when the solver gives no answer ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """A piece of capacity the greedy fallback can buy: up to ``count`` of it, or a fraction."""
+
+    usd_per_ref_s: float
+    order: tuple
+    capacity_ref_s: float
+    count: int
+    fractional: bool
+    apply: object  # (Choice, amount) -> None
+
+
+def greedy_choice(catalogue: Catalogue, work: Work, T: float) -> Choice:
+    """Fill the cheapest capacity per dollar first: whole full-horizon instances, private shares.
+
+    The paid time of existing instances is used first (it is free); extending one to the
+    horizon, a private node's share and a new instance kept to the horizon compete on USD per
+    reference second. Always feasible when the deadline is (those units are the fastest plan).
+    """
+    choice = Choice()
+    remaining = work.total_ref_s
+    units = []
+    for k, old in enumerate(catalogue.existing):
+        free = old.ramp(0).capacity(T)
+        remaining -= free
+        if old.paid_s < T:
+            top = _quanta_to(T - old.paid_s, old.quantum_s)
+            extra = old.ramp(top).capacity(T) - free
+            if extra > 0:
+                set_extra = lambda c, a, o=old, t=top: c.extra_quanta.__setitem__(o.instance.id, t)
+                units.append(_Unit(top * old.quantum_usd / extra, (0, k), extra, 1, False, set_extra))
+    for k, p in enumerate(catalogue.private):
+        busy_s = max(0.0, T - p.start_s)
+        if busy_s > 0:
+            set_share = lambda c, a, p=p, b=busy_s: c.shares.__setitem__(p.node.name, a * b / T)
+            units.append(_Unit(p.cost_per_ref_s_usd(), (1, k), p.rate_per_s * busy_s, 1, True, set_share))
+    for offer in catalogue.new:
+        top = _quanta_to(T, offer.quantum_s)
+        cap = offer.rate_per_s * max(0.0, T - offer.start_s)
+        if cap > 0:
+            launch = lambda c, a, o=offer, t=top: c.add_new(o.index, t, int(a))
+            units.append(_Unit(offer.cost_usd(top) / cap, (2, offer.index), cap, offer.limit, False, launch))
+    for unit in sorted(units, key=lambda u: (u.usd_per_ref_s, u.order)):
+        if remaining <= 0:
+            break
+        if unit.fractional:
+            amount = min(1.0, remaining / unit.capacity_ref_s)
+        else:
+            amount = min(unit.count, math.ceil(remaining / unit.capacity_ref_s - 1e-12))
+        unit.apply(choice, amount)
+        remaining -= amount * unit.capacity_ref_s
+    return choice

@@ -1,0 +1,132 @@
+"""Min makespan under a budget, and the two extreme plans (ALGORITHMS.md 3.2).
+
+MinCost(T) is non-increasing in T: a longer deadline only adds plans (every ramp of a plan
+feasible at T has at least the same capacity at T' > T). So the fastest plan within a budget
+B is at the least T with MinCost(T) <= B. The search:
+
+1. T_lower (the fastest any plan can be): if MinCost(T_lower) <= B, that is the answer.
+2. T_sat (beyond it nothing is cheaper): if MinCost(T_sat) > B, no plan fits the budget.
+3. Binary search over the quantum boundaries k q (q the finest planning quantum) for the
+   least k with MinCost(k q) <= B, then bisect the bracket ((k-1) q, k q] down to
+   ``PlanOptions.bisect_tol_s``. The plan returned is the one solved at the bracket's upper end,
+   so its makespan is within the tolerance of the least feasible one.
+
+The cheapest plan is the fastest plan whose cost equals MinCost(T_sat) (several plans often
+cost the same, e.g. one private node busy for a week or seven nodes busy for a day).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+from broker.config.durations import format_duration
+
+from ..model import ExistingInstance, MachineType, PrivateNode
+from .capacity import Catalogue
+from .mincost import nothing_to_run_on, solve_at
+from .types import NoFeasiblePlan, Plan, PlanOptions, Work
+
+
+def min_makespan(
+    types: Sequence[MachineType],
+    private: Sequence[PrivateNode],
+    work: Work,
+    budget_usd: float,
+    *,
+    existing: Sequence[ExistingInstance] = (),
+    now_s: float = 0.0,
+    options: PlanOptions = PlanOptions(),
+) -> Plan:
+    """The fastest plan whose cost (from now on) is within ``budget_usd`` (``math.inf``: the fastest).
+
+    Raises :class:`NoFeasiblePlan` naming the cheapest plan when the budget is below it.
+    """
+    catalogue = Catalogue.build(types, private, work, existing, now_s, options)
+    return fastest_within(catalogue, work, budget_usd, options)
+
+
+def _fits(cost_usd: float, budget_usd: float) -> bool:
+    return cost_usd <= budget_usd + 1e-6 * max(1.0, abs(budget_usd))
+
+
+def fastest_horizon(catalogue: Catalogue, work: Work) -> float:
+    """A deadline just past T_lower (so the fastest plan is feasible in floating point)."""
+    t_fast = catalogue.fastest_horizon_s(work.total_ref_s)
+    if not math.isfinite(t_fast):
+        raise nothing_to_run_on()
+    return max(t_fast * (1 + 1e-9) + 1e-6, 1e-3)
+
+
+def fastest_within(catalogue: Catalogue, work: Work, budget_usd: float, options: PlanOptions) -> Plan:
+    if math.isnan(budget_usd) or budget_usd < 0:
+        raise ValueError(f"a budget must be >= 0 USD, got {budget_usd!r}")
+    t_fast = fastest_horizon(catalogue, work)
+    solve_ms = 0.0
+
+    def solve(horizon_s: float) -> Plan:
+        nonlocal solve_ms
+        plan = solve_at(catalogue, work, horizon_s, options)
+        solve_ms += plan.solve_ms
+        return plan
+
+    fastest = solve(t_fast)
+    if _fits(fastest.cost_usd, budget_usd):
+        return dataclasses.replace(fastest, solve_ms=solve_ms)
+    t_sat = max(catalogue.saturation_horizon_s(work.total_ref_s), t_fast)
+    cheapest = solve(t_sat)
+    if not _fits(cheapest.cost_usd, budget_usd):
+        cheapest = fastest_within(catalogue, work, cheapest.cost_usd, options)
+        raise NoFeasiblePlan(
+            f"no plan for {work.total_ref_s:.0f} ref-s of work fits a budget of ${budget_usd:.2f}: "
+            f"the cheapest plan costs ${cheapest.cost_usd:.2f} and takes {format_duration(cheapest.makespan_s)}; "
+            f"the fastest takes {format_duration(fastest.makespan_s)} (${fastest.cost_usd:.2f})",
+            cheapest=cheapest,
+            fastest=fastest,
+        )
+    lo_s, hi_s, best = t_fast, t_sat, cheapest  # invariant: MinCost(lo) > B >= MinCost(hi) = cost(best)
+    quanta = [o.quantum_s for o in catalogue.new] + [o.quantum_s for o in catalogue.existing]
+    if quanta:
+        q = min(quanta)
+        k_lo, k_hi = math.floor(lo_s / q) + 1, math.ceil(hi_s / q)
+        while k_lo < k_hi:  # least k in [k_lo, k_hi] with MinCost(k q) <= B (true at k_hi)
+            k = (k_lo + k_hi) // 2
+            plan = solve(k * q)
+            if _fits(plan.cost_usd, budget_usd):
+                k_hi, best = k, plan
+            else:
+                k_lo = k + 1
+        if k_hi * q < hi_s:
+            hi_s = k_hi * q  # ``best`` was solved there
+        lo_s = max(lo_s, (k_hi - 1) * q)
+    while hi_s - lo_s > options.bisect_tol_s:
+        mid_s = (lo_s + hi_s) / 2
+        plan = solve(mid_s)
+        if _fits(plan.cost_usd, budget_usd):
+            hi_s, best = mid_s, plan
+        else:
+            lo_s = mid_s
+    return dataclasses.replace(best, solve_ms=solve_ms)
+
+
+def cheapest_plan(catalogue: Catalogue, work: Work, options: PlanOptions) -> Plan:
+    """The fastest among the cheapest plans."""
+    t_fast = fastest_horizon(catalogue, work)
+    t_sat = max(catalogue.saturation_horizon_s(work.total_ref_s), t_fast)
+    return fastest_within(catalogue, work, solve_at(catalogue, work, t_sat, options).cost_usd, options)
+
+
+def infeasible_deadline(catalogue: Catalogue, work: Work, deadline_s: float, options: PlanOptions) -> NoFeasiblePlan:
+    """The error for a deadline no plan meets, with the fastest and the cheapest plans."""
+    if not catalogue.has_capacity():
+        return nothing_to_run_on()
+    fastest = solve_at(catalogue, work, fastest_horizon(catalogue, work), options)
+    cheapest = cheapest_plan(catalogue, work, options)
+    return NoFeasiblePlan(
+        f"no plan finishes {work.total_ref_s:.0f} ref-s of work within {format_duration(deadline_s)}: "
+        f"the fastest possible takes {format_duration(fastest.makespan_s)} (${fastest.cost_usd:.2f}); "
+        f"the cheapest costs ${cheapest.cost_usd:.2f} and takes {format_duration(cheapest.makespan_s)}",
+        cheapest=cheapest,
+        fastest=fastest,
+    )

@@ -1,0 +1,136 @@
+"""What the planner takes in and what it hands back.
+
+Units live in names: ``*_s`` seconds, ``*_usd`` dollars. Work is in reference seconds (seconds
+of a task on one slot of speed 1). Times inside a :class:`Plan` are measured from the planning
+moment ``now`` (makespan, ``release_after_s`` of new instances) except ``Extension.release_at_s``,
+which is on the same clock as the existing instances' ``paid_until_s``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from broker.config.durations import format_duration
+
+# Plan.status values.
+OPTIMAL = "optimal"  # the solver proved optimality (within PlanOptions.gap_rel)
+TIME_LIMIT = "time_limit"  # the solver stopped at its time limit with a feasible plan
+HEURISTIC = "heuristic"  # no solver answer in time: a greedy plan
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """Remaining work of a bag.
+
+    ``total_ref_s`` is the amount the plan must cover; callers that have an upper confidence
+    value of the remaining work pass that, not the point estimate. ``mean_ref_s`` and
+    ``sd_ref_s`` describe one task and size the packing allowance.
+    """
+
+    total_ref_s: float
+    tasks: int
+    mean_ref_s: float
+    sd_ref_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("total_ref_s", "mean_ref_s", "sd_ref_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"Work.{name} must be a finite number >= 0, got {value!r}")
+        if self.tasks < 0:
+            raise ValueError(f"Work.tasks must be >= 0, got {self.tasks!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    """Knobs of the planner (ALGORITHMS.md 3.1-3.3).
+
+    Packing allowance of a machine whose slots run at ``speed``:
+    ``g = phi_s + tail_task_fraction * mean_ref_s / speed`` seconds at the end of its life
+    that the plan does not count on (task indivisibility, estimation error).
+    """
+
+    phi_s: float = 300.0
+    tail_task_fraction: float = 0.5
+    per_second_quantum_s: float = 300.0  # planning grid for billing units shorter than this
+    time_limit_s: float = 2.0
+    # Relative optimality gap. Catalogues whose types have nearly equal work per dollar (the
+    # thesis catalogue) make proving a 1e-6 gap take seconds; 1e-3 (plans within 0.1% of the
+    # cheapest) solves in tens of milliseconds. Tests that compare with brute force pass 1e-9.
+    gap_rel: float = 1e-3
+    solver: str = "auto"  # "auto" (HiGHS when pulp has it, else CBC) | "cbc" | "highs"
+    tie_break_usd: float = 1e-7  # per new instance-quantum; see mincost's docstring
+    bisect_tol_s: float = 10.0  # min_makespan stops bisecting when the bracket is this narrow
+
+
+@dataclass(frozen=True, slots=True)
+class NewGroup:
+    """``count`` new instances of ``type_name``, launched now and kept ``quanta`` planning quanta.
+
+    ``release_after_s`` is seconds after launch at which their last paid quantum ends (paid-until).
+    """
+
+    type_name: str
+    count: int
+    quanta: int
+    release_after_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Extension:
+    """What to do with an existing instance: buy ``extra_quanta`` more and release at ``release_at_s``.
+
+    ``extra_quanta == 0`` means: do not extend, release when what is paid runs out.
+    """
+
+    instance_id: str
+    extra_quanta: int
+    release_at_s: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A fleet decision: what to launch, what to keep, and what it achieves.
+
+    ``makespan_s``: planned time from now until the work is done.
+    ``cost_usd``: money this plan commits from now on (new instances, extensions of existing
+    ones, private nodes' hourly cost); money already committed is not in it.
+    ``fleet``: instances used per type, new and existing.
+    ``capacity``: work each type or private node can do within the plan, in the units of the
+    plan's work (reference seconds; tasks for the BaTS policy).
+    ``horizon_s``: the deadline the plan was solved for (``makespan_s <= horizon_s``).
+    """
+
+    makespan_s: float
+    cost_usd: float
+    fleet: Mapping[str, int]
+    new: tuple[NewGroup, ...] = ()
+    existing: tuple[Extension, ...] = ()
+    private_share: Mapping[str, float] = field(default_factory=dict)
+    status: str = OPTIMAL
+    solve_ms: float = 0.0
+    capacity: Mapping[str, float] = field(default_factory=dict)
+    horizon_s: float = 0.0
+
+    def row(self) -> dict[str, object]:
+        """The plan as ``--json`` prints it."""
+        return {
+            "makespan_s": round(self.makespan_s, 3),
+            "cost_usd": round(self.cost_usd, 6),
+            "fleet": {name: count for name, count in self.fleet.items() if count > 0},
+        }
+
+    def summary(self) -> str:
+        """``3h12m for $4.20`` style, for messages."""
+        return f"{format_duration(self.makespan_s)} for ${self.cost_usd:.2f}"
+
+
+class NoFeasiblePlan(Exception):
+    """The goal cannot be met. ``cheapest`` and ``fastest`` say what could be done instead."""
+
+    def __init__(self, message: str, *, cheapest: Plan | None = None, fastest: Plan | None = None):
+        super().__init__(message)
+        self.cheapest = cheapest
+        self.fastest = fastest
