@@ -1,0 +1,331 @@
+"""The master's side of one worker agent: handshake, batched submits, acks, liveness, re-attach.
+
+Delivery. Each client runs one reader thread that turns the agent's bytes into events and
+puts ``(node_name, event)`` pairs on an *inbox* queue. By default a client owns its inbox
+and :meth:`AgentClient.poll` drains it; the live daemon instead hands one shared
+``queue.Queue`` to every client and reads the pairs of all nodes from it in one loop.
+
+Events delivered:
+
+- the agent's :class:`~workers.protocol.Started`, :class:`~workers.protocol.Progress` and
+  :class:`~workers.protocol.Result`; a Result is delivered once per ``(task, attempt)``
+  however often it is replayed (a replay of one already acknowledged is re-acknowledged
+  here, so a lost Ack cannot make the agent replay it forever);
+- :class:`NodeLost` when the connection fails, the agent breaks the protocol, or nothing
+  at all arrives for ``dead_after_s`` (the client pings every ``ping_interval_s`` of
+  silence, so a live agent always has something to say);
+- :class:`TaskLost` after a re-attach, for each attempt submitted earlier that the agent
+  neither runs nor reports (it restarted without it, or the Run never reached it).
+
+Failures never raise into the caller's loop: a ``submit``/``ack``/``cancel`` on a broken
+connection keeps its bookkeeping and returns, and the reader reports :class:`NodeLost`;
+:meth:`AgentClient.reattach` with a fresh transport then reconciles. Only a handshake
+that fails raises (:class:`HandshakeError`), since the caller is waiting for it.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from broker.shells.transport import Transport, TransportClosed
+from workers.protocol import (
+    NEED_DATA,
+    Ack,
+    Cancel,
+    Connection,
+    ConnectionClosed,
+    Hello,
+    Key,
+    Ping,
+    Progress,
+    RemoteProtocolError,
+    Result,
+    Run,
+    Shutdown,
+    Started,
+    key_of,
+)
+
+log = structlog.get_logger()
+
+
+@dataclass(frozen=True)
+class NodeLost:
+    """The connection to ``node`` is gone; its agent may still be running (re-attach to see)."""
+
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class TaskLost:
+    """After a re-attach the agent does not know this attempt: it will never report it."""
+
+    task: str
+    attempt: int
+    reason: str
+
+
+class HandshakeError(ConnectionError):
+    """No agent Hello: wrong version, not an agent, or silence within the handshake timeout."""
+
+
+class _Link:
+    """One connection (transport + protocol state); a re-attach makes a new one."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self.conn = Connection("master")
+        self.greeted = threading.Event()
+        self.done = threading.Event()
+        self.error: str | None = None
+        self.stopped = False  # closed on purpose: no NodeLost
+        self.shutting_down = False  # Shutdown sent: the agent ending the stream is expected
+        self.suspects: set[Key] = set()
+        self.replay_left = 0
+
+
+class AgentClient:
+    """Master side of the protocol with the agent on ``node_name``, over ``transport``.
+
+    The constructor performs the handshake and blocks until the agent's Hello (kept as
+    :attr:`hello`) or ``handshake_timeout_s``. Thread-safe: any thread may submit, ack or
+    cancel while the reader thread delivers events.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        node_name: str,
+        *,
+        inbox: queue.Queue[tuple[str, Any]] | None = None,
+        handshake_timeout_s: float = 10.0,
+        ping_interval_s: float = 5.0,
+        dead_after_s: float = 20.0,
+    ) -> None:
+        if dead_after_s <= ping_interval_s:
+            raise ValueError("dead_after_s must exceed ping_interval_s, or every pause looks like a death")
+        self.node = node_name
+        self.inbox: queue.Queue[tuple[str, Any]] = inbox if inbox is not None else queue.Queue()
+        self._own_inbox = inbox is None
+        self.handshake_timeout_s = handshake_timeout_s
+        self.ping_interval_s = ping_interval_s
+        self.dead_after_s = dead_after_s
+        self.hello: Hello | None = None
+        self._lock = threading.Lock()
+        self._outstanding: dict[Key, Run] = {}
+        self._results_seen: set[Key] = set()
+        self._started_seen: set[Key] = set()
+        self._acked: set[Key] = set()
+        self._ping_seq = 0
+        self._link: _Link
+        self._open(transport)
+
+    # ----------------------------------------------------------------- public API
+
+    def submit(self, runs: list[Run]) -> None:
+        """Send every Run in one write. They count as outstanding until their Result."""
+        if not runs:
+            return
+        with self._lock:
+            for run in runs:
+                self._outstanding[key_of(run)] = run
+            self._send_locked(runs)
+
+    def cancel(self, keys: Iterable[Key]) -> None:
+        with self._lock:
+            self._send_locked([Cancel(task, attempt) for task, attempt in keys])
+
+    def ack(self, keys: Iterable[Key]) -> None:
+        """Confirm Results recorded by the master; the agent may then forget them."""
+        with self._lock:
+            acks = [Ack(task, attempt) for task, attempt in keys]
+            self._acked.update(key_of(a) for a in acks)
+            self._send_locked(acks)
+
+    def shutdown(self, drain: bool = True) -> None:
+        """Ask the agent to stop (after its tasks if ``drain``); see :meth:`wait_closed`."""
+        with self._lock:
+            self._link.shutting_down = True
+            self._send_locked([Shutdown(drain=drain)])
+
+    def wait_closed(self, timeout_s: float | None = None) -> bool:
+        """Wait until the connection has ended (e.g. the agent finished after a shutdown)."""
+        return self._link.done.wait(timeout_s)
+
+    def outstanding(self) -> list[Key]:
+        """Attempts submitted whose Result has not arrived yet."""
+        with self._lock:
+            return list(self._outstanding)
+
+    def poll(self, timeout_s: float | None = None) -> list[Any]:
+        """Events that arrived, waiting up to ``timeout_s`` for the first (own inbox only)."""
+        if not self._own_inbox:
+            raise RuntimeError("this client delivers to a shared inbox: read (node, event) pairs from it")
+        events = []
+        try:
+            events.append(self.inbox.get(timeout=timeout_s)[1])
+            while True:
+                events.append(self.inbox.get_nowait()[1])
+        except queue.Empty:
+            pass
+        return events
+
+    def reattach(self, transport: Transport) -> Hello:
+        """Redo the handshake over a new transport (after a :class:`NodeLost`).
+
+        The agent replays its unacknowledged Results (delivered unless already seen); any
+        outstanding attempt it neither runs nor reports becomes a :class:`TaskLost`.
+        Returns the agent's new Hello. Do not submit from another thread meanwhile.
+        """
+        self._retire(self._link)
+        self._open(transport)
+        assert self.hello is not None
+        return self.hello
+
+    def close(self) -> None:
+        """Drop the connection on purpose (no NodeLost). The agent keeps running."""
+        self._retire(self._link)
+
+    # ----------------------------------------------------------------- connection
+
+    def _open(self, transport: Transport) -> None:
+        link = self._link = _Link(transport)
+        reader = threading.Thread(target=self._read_loop, args=(link,), name=f"agent-{self.node}", daemon=True)
+        try:
+            transport.send(link.conn.send(Hello(role="master", node=self.node)))
+        except TransportClosed as exc:
+            transport.close()
+            raise HandshakeError(f"{self.node}: the transport closed before the handshake: {exc}") from exc
+        reader.start()
+        if not link.greeted.wait(self.handshake_timeout_s):
+            self._retire(link)
+            raise HandshakeError(f"{self.node}: no Hello from the agent within {self.handshake_timeout_s:g} s")
+        if link.error is not None:
+            self._retire(link)
+            raise HandshakeError(f"{self.node}: {link.error}")
+        assert self.hello is not None
+        log.info(
+            "agent.attached",
+            node=self.node,
+            slots=self.hello.slots,
+            running=len(self.hello.running),
+            pending_results=self.hello.pending_results,
+        )
+
+    def _retire(self, link: _Link) -> None:
+        link.stopped = True
+        link.transport.close()
+        link.done.wait(5.0)
+
+    def _send_locked(self, messages: list[Any], link: _Link | None = None) -> None:
+        """Send on ``link`` (default: the current one). Using a closed client is a caller bug."""
+        if link is None:
+            link = self._link
+            if link.stopped:
+                raise TransportClosed(f"the client for {self.node} is closed")
+        if link.stopped or not messages:
+            return
+        data = link.conn.send_all(messages)
+        try:
+            link.transport.send(data)
+        except TransportClosed:
+            pass  # the reader reports NodeLost; a re-attach reconciles what was in flight
+
+    def _read_loop(self, link: _Link) -> None:
+        reason = self._read_until_lost(link)
+        link.transport.close()
+        if not link.greeted.is_set():
+            link.error = reason or "the connection closed during the handshake"
+            link.greeted.set()
+        elif reason is not None and not link.stopped and link is self._link:
+            log.warning("agent.lost", node=self.node, reason=reason)
+            self.inbox.put((self.node, NodeLost(self.node, reason)))
+        link.done.set()
+
+    def _read_until_lost(self, link: _Link) -> str | None:
+        """Feed the protocol until the stream ends; None if that was expected, else why."""
+        last_heard = time.monotonic()
+        next_ping = last_heard + self.ping_interval_s
+        while not link.stopped:
+            wait_s = min(next_ping, last_heard + self.dead_after_s) - time.monotonic()
+            try:
+                data = link.transport.recv(1 << 18, timeout_s=max(0.0, wait_s))
+            except (TransportClosed, OSError) as exc:
+                return f"the transport failed: {exc}"
+            now = time.monotonic()
+            if data is None:
+                if now >= last_heard + self.dead_after_s:
+                    return f"silent for {self.dead_after_s:g} s"
+                if now >= next_ping:
+                    with self._lock:
+                        self._ping_seq += 1
+                        self._send_locked([Ping(self._ping_seq)], link)
+                    next_ping = now + self.ping_interval_s
+                continue
+            last_heard = now
+            next_ping = now + self.ping_interval_s
+            link.conn.receive_data(data)
+            while True:
+                try:
+                    event = link.conn.next_event()
+                except RemoteProtocolError as exc:
+                    return f"the agent broke the protocol: {exc}"
+                if event is NEED_DATA:
+                    break
+                if isinstance(event, ConnectionClosed):
+                    return None if link.stopped or link.shutting_down else "the agent closed the connection"
+                self._on_message(link, event)
+        return None
+
+    # ----------------------------------------------------------------- bookkeeping
+
+    def _on_message(self, link: _Link, message: Any) -> None:
+        with self._lock:
+            deliver: list[Any] = []
+            if isinstance(message, Hello):
+                self.hello = message
+                link.suspects = set(self._outstanding) - set(message.running)
+                link.replay_left = message.pending_results
+                if link.replay_left == 0:
+                    deliver += self._declare_lost(link)
+                link.greeted.set()
+            elif isinstance(message, Result):
+                key = key_of(message)
+                if key in self._results_seen:
+                    if key in self._acked:
+                        self._send_locked([Ack(*key)], link)
+                else:
+                    self._results_seen.add(key)
+                    self._outstanding.pop(key, None)
+                    deliver.append(message)
+                if link.replay_left > 0:
+                    link.suspects.discard(key)
+                    link.replay_left -= 1
+                    if link.replay_left == 0:
+                        deliver += self._declare_lost(link)
+            elif isinstance(message, Started):
+                if key_of(message) not in self._started_seen:
+                    self._started_seen.add(key_of(message))
+                    deliver.append(message)
+            elif isinstance(message, Progress):
+                deliver.append(message)
+            for event in deliver:
+                self.inbox.put((self.node, event))
+
+    def _declare_lost(self, link: _Link) -> list[TaskLost]:
+        lost = []
+        for key in sorted(link.suspects):
+            if self._outstanding.pop(key, None) is not None:
+                lost.append(TaskLost(key[0], key[1], f"the agent on {self.node} no longer knows this attempt"))
+        link.suspects = set()
+        if lost:
+            log.warning("agent.tasks_lost", node=self.node, count=len(lost))
+        return lost

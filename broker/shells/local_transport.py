@@ -1,0 +1,196 @@
+"""The Transport contract over a local subprocess's stdin and stdout pipes.
+
+Used for the local node and for dry-run "instances": :func:`attach_local_agent` runs
+``agent.py attach`` from the ``workers`` package, which starts (or finds) the agent daemon
+for a state directory and bridges the pipes to it, exactly as the SSH transport does on a
+remote node. :func:`stop_local_agent` is the matching safety valve.
+
+Thread use: one thread may sit in :meth:`LocalTransport.recv` while others :meth:`send`
+and :meth:`close`; ``close`` wakes a waiting ``recv`` (it returns ``b""``) before it
+releases the file descriptors, so no thread ever reads a descriptor number reused elsewhere.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import workers
+from broker.shells.transport import TransportClosed
+
+AGENT_SCRIPT = Path(workers.__file__).parent / "agent.py"
+CLOSE_GRACE_S = 2.0
+
+
+class LocalTransport:
+    """A subprocess we speak to through its pipes; its stderr is left to ours."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        if process.stdin is None or process.stdout is None:
+            raise ValueError("the process needs stdin=PIPE and stdout=PIPE")
+        self.process = process
+        self._in_fd = process.stdin.fileno()
+        self._out_fd = process.stdout.fileno()
+        self._wake_r, self._wake_w = os.pipe()
+        self._send_lock = threading.Lock()
+        self._recv_lock = threading.Lock()
+        self._closed = False
+        self._eof = False
+
+    @classmethod
+    def spawn(
+        cls,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> LocalTransport:
+        process = subprocess.Popen(
+            list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=env, cwd=cwd
+        )
+        return cls(process)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def send(self, data: bytes) -> None:
+        with self._send_lock:
+            if self._closed:
+                raise TransportClosed("the local transport is closed")
+            view = memoryview(data)
+            try:
+                while view:
+                    view = view[os.write(self._in_fd, view) :]
+            except OSError as exc:  # BrokenPipeError: the process is gone
+                raise TransportClosed(f"process {self.pid} stopped reading: {exc}") from exc
+
+    def recv(self, max_bytes: int = 65536, timeout_s: float | None = None) -> bytes | None:
+        with self._recv_lock:
+            if self._closed or self._eof:
+                return b""
+            readable, _, _ = select.select([self._out_fd, self._wake_r], [], [], timeout_s)
+            if self._closed:
+                return b""
+            if not readable:
+                return None
+            try:
+                data = os.read(self._out_fd, max_bytes)
+            except OSError:
+                data = b""
+            self._eof = not data
+            return data
+
+    def close(self) -> None:
+        """Close stdin (the agent's attach bridge then detaches and exits), reap the process."""
+        with self._send_lock:
+            if self._closed:
+                return
+            self._closed = True
+        os.write(self._wake_w, b"x")
+        try:
+            self.process.stdin.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
+        try:
+            self.process.wait(CLOSE_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        with self._recv_lock:
+            self.process.stdout.close()  # type: ignore[union-attr]
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def kill(self) -> None:
+        """Drop the connection abruptly (SIGKILL the process), as a network failure would."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.close()
+
+
+def attach_local_agent(
+    state_dir: str | os.PathLike[str],
+    slots: int,
+    python: str = sys.executable,
+    *,
+    node: str | None = None,
+    grace_s: float | None = None,
+    idle_exit_s: float | None = None,
+    progress_poll_s: float | None = None,
+) -> LocalTransport:
+    """Start (or reach) the detached agent daemon serving ``state_dir``; talk to it over pipes.
+
+    The daemon keeps running after this transport closes; stop it with a ``Shutdown``
+    message or :func:`stop_local_agent`. The options only matter when the daemon starts.
+    """
+    argv = [python, str(AGENT_SCRIPT), "attach", "--state-dir", os.fspath(state_dir), "--slots", str(slots)]
+    for flag, value in (
+        ("--node", node),
+        ("--grace-s", grace_s),
+        ("--idle-exit-s", idle_exit_s),
+        ("--progress-poll-s", progress_poll_s),
+    ):
+        if value is not None:
+            argv += [flag, str(value)]
+    return LocalTransport.spawn(argv)
+
+
+def local_agent_pid(state_dir: str | os.PathLike[str]) -> int | None:
+    """The pid of the agent daemon serving ``state_dir``, or None if none is alive.
+
+    The pid file is believed only while the state dir's lock is held, so a stale file left
+    by a killed agent never points us at an unrelated process that reused its pid.
+    """
+    directory = Path(state_dir)
+    try:
+        fd = os.open(directory / "agent.lock", os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            return int((directory / "agent.pid").read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def stop_local_agent(state_dir: str | os.PathLike[str], timeout_s: float = 10.0) -> bool:
+    """Stop the daemon serving ``state_dir``: SIGTERM (it cancels its tasks), SIGKILL if slow.
+
+    Returns True if an agent was running. Its unacknowledged results stay in the journal.
+    """
+    pid = local_agent_pid(state_dir)
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if local_agent_pid(state_dir) is None:
+            return True
+        time.sleep(0.02)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return True

@@ -1,0 +1,965 @@
+"""The worker agent: runs one node's share of the bag and outlives its connection to the master.
+
+Python 3.8+, stdlib only. Ship it with ``protocol.py`` in the same directory (it imports
+that module from there when run as a script). Three ways to run it::
+
+    python3 agent.py attach --state-dir D --slots N        # what the master execs
+    python3 agent.py serve  --state-dir D --slots N        # the daemon, in the foreground
+    python3 agent.py serve  --stdio --state-dir D --slots N
+
+``attach`` connects to the daemon serving ``D`` (starting it in a new session first if none
+is running, so closing an SSH channel cannot kill it) and then copies its own stdin to the
+daemon and the daemon's replies to its stdout: the master speaks the protocol through it.
+``serve --stdio`` speaks on its own stdin/stdout instead and dies with the pipe (tasks are
+cancelled when the master goes away).
+
+The state directory ``D`` holds::
+
+    agent.sock   the daemon's Unix socket, bound and reached by its relative name from
+                 inside D, so a long D never meets the 108-byte socket path limit
+    agent.lock   flock(2) held by the live agent: one agent per state dir
+    agent.pid    that agent's pid (trust it only while agent.lock is locked)
+    agent.log    the daemon's stderr
+    journal      append-only Started / Result / Ack lines in the protocol's encoding
+    out/<task>.<attempt>.stdout, .stderr    full outputs (an empty stream leaves no file)
+
+Tasks. Each runs as ``/bin/sh -c COMMAND`` in its own process group, stdin from /dev/null,
+stdout and stderr straight into its two files (the agent is not in the data path, and a
+task never gets SIGPIPE because the agent died). Environment: the agent's, then the Run's
+``env``, then ``BROKER_TASK``, ``BROKER_ATTEMPT`` and ``BROKER_AGENT_DIR``. Working
+directory: the Run's ``cwd``, else ``$HOME`` (as an SSH command would). A task ends when its
+shell exits; anything it left in its process group is killed then. On timeout or cancel the
+group gets SIGTERM, and SIGKILL ``grace_s`` later if the shell still runs. The runtime is
+measured here, with the monotonic clock. Progress: a line ``BROKER_PROGRESS <fraction>`` on
+stdout, noticed within ``progress_poll_s`` (its ``elapsed_s`` is accurate to that).
+
+Results are journaled before they are sent and replayed on every new connection until the
+master acknowledges them, so neither a dropped connection nor an agent restart loses one.
+A Run for a (task, attempt) the agent already knows is answered, never run twice: with
+``Started`` again if it runs, its ``Result`` if it finished, a Result with an error if the
+master already acknowledged it. Runs beyond ``slots`` wait in a queue, in arrival order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import heapq
+import itertools
+import os
+import select
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Set, Tuple
+from urllib.parse import quote
+
+try:
+    from . import protocol as wire  # imported as part of the workers package
+except ImportError:
+    import protocol as wire  # type: ignore[no-redef]  # run as a script next to protocol.py
+
+AGENT_VERSION = "1"
+AGENT_FILE = os.path.abspath(__file__)
+SHELL = "/bin/sh"
+SOCKET_NAME = "agent.sock"
+LOCK_NAME = "agent.lock"
+PID_NAME = "agent.pid"
+LOG_NAME = "agent.log"
+JOURNAL_NAME = "journal"
+OUT_DIR = "out"
+
+TAIL_BYTES = 4096
+PROGRESS_TOKEN = b"BROKER_PROGRESS"
+PROGRESS_LINE_MAX_BYTES = 256  # longer stdout lines cannot be progress lines: skipped unread
+PROGRESS_READ_MAX_BYTES = 1 << 20  # per task and poll, so a chatty task cannot stall the loop
+PEER_BACKLOG_MAX_BYTES = 16 << 20  # a master that stops reading is dropped (it gets a replay)
+JOURNAL_COMPACT_MIN_BYTES = 4 << 20
+DAEMON_START_TIMEOUT_S = 10.0
+EXIT_FLUSH_TIMEOUT_S = 5.0
+
+Key = Tuple[str, int]
+
+
+def log(message: str) -> None:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    sys.stderr.write(f"{stamp} agent[{os.getpid()}] {message}\n")
+    sys.stderr.flush()
+
+
+def output_stem(task: str, attempt: int) -> str:
+    """File name stem for a task's outputs: the id percent-encoded, so no id can escape out/."""
+    safe = quote(task, safe="-_.")
+    if safe.startswith("."):
+        safe = "%2E" + safe[1:]
+    return f"{safe}.{attempt}"
+
+
+# --------------------------------------------------------------------------- journal
+
+
+class Journal:
+    """Append-only record of what the master must not lose: Started, Result and Ack lines.
+
+    Loading it gives the results not yet acknowledged (replayed to the next master), the
+    acknowledged keys (a Run for one is not run again) and the tasks that were running when
+    the previous agent stopped. Lines gathered in one loop turn go out in one write(2):
+    durable if the agent dies, not if the machine does (nothing on it survives that). It is
+    rewritten with only its live content once it has grown to four times that.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._pending: List[bytes] = []
+        self._fd = -1
+        self._size = 0
+        self._live_size = 0
+
+    def load(self) -> Tuple[Dict[Key, wire.Started], Dict[Key, wire.Result], Set[Key]]:
+        started: Dict[Key, wire.Started] = {}
+        results: Dict[Key, wire.Result] = {}
+        acked: Set[Key] = set()
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            data = b""
+        for number, line in enumerate(data.splitlines(), 1):
+            try:
+                message = wire.decode(line)
+            except wire.RemoteProtocolError as exc:  # a torn last line after a crash
+                log(f"journal line {number} skipped: {exc}")
+                continue
+            key = wire.key_of(message)
+            if isinstance(message, wire.Started):
+                started[key] = message
+            elif isinstance(message, wire.Result):
+                started.pop(key, None)
+                results[key] = message
+            elif isinstance(message, wire.Ack):
+                started.pop(key, None)
+                results.pop(key, None)
+                acked.add(key)
+        return started, results, acked
+
+    def rewrite(self, messages: List[wire.Message]) -> None:
+        """Replace the journal by ``messages`` (atomically: a crash leaves old or new)."""
+        data = b"".join(wire.encode(m) for m in messages)
+        temporary = self.path + ".new"
+        with open(temporary, "wb") as f:
+            f.write(data)
+        os.replace(temporary, self.path)
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self._size = self._live_size = len(data)
+
+    def append(self, message: wire.Message) -> None:
+        self._pending.append(wire.encode(message))
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        data = memoryview(b"".join(self._pending))
+        self._pending.clear()
+        while data:
+            written = os.write(self._fd, data)
+            self._size += written
+            data = data[written:]
+
+    @property
+    def oversized(self) -> bool:
+        return self._size > max(JOURNAL_COMPACT_MIN_BYTES, 4 * self._live_size)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+class _Task:
+    """A started attempt: its process group, output files and the state of its ending."""
+
+    __slots__ = (
+        "run", "key", "pid", "started_at", "out_fd", "err_fd", "out_path", "err_path",
+        "timed_out", "cancelled", "progress_offset", "progress_carry",
+    )  # fmt: skip
+
+    def __init__(self, run: wire.Run, pid: int, started_at: float, out_fd: int, err_fd: int,
+                 out_path: str, err_path: str) -> None:  # fmt: skip
+        self.run = run
+        self.key: Key = (run.task, run.attempt)
+        self.pid = pid
+        self.started_at = started_at
+        self.out_fd = out_fd
+        self.err_fd = err_fd
+        self.out_path = out_path
+        self.err_path = err_path
+        self.timed_out = False
+        self.cancelled = False
+        self.progress_offset = 0
+        self.progress_carry: Optional[bytes] = b""  # None: inside an over-long line
+
+
+def _read_tail(fd: int, path: str) -> Tuple[str, Optional[str]]:
+    """The last TAIL_BYTES of an output file as text, and its path (None, file removed, if empty)."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        os.close(fd)
+        os.unlink(path)
+        return "", None
+    start = max(0, size - TAIL_BYTES)
+    tail = os.pread(fd, TAIL_BYTES, start)
+    os.close(fd)
+    if start:  # do not begin inside a UTF-8 sequence
+        skip = 0
+        while skip < 3 and skip < len(tail) and tail[skip] & 0xC0 == 0x80:
+            skip += 1
+        tail = tail[skip:]
+    return tail.decode("utf-8", "replace"), path
+
+
+def _progress_fraction(line: bytes) -> Optional[float]:
+    """The fraction of a ``BROKER_PROGRESS f`` line (0 <= f <= 1), else None."""
+    parts = line.split()
+    if len(parts) != 2 or parts[0] != PROGRESS_TOKEN:
+        return None
+    try:
+        fraction = float(parts[1])
+    except ValueError:
+        return None
+    return fraction if 0.0 <= fraction <= 1.0 else None
+
+
+def _progress_fractions(task: _Task, chunk: bytes) -> List[float]:
+    """Fractions announced by the lines ``chunk`` completes; keeps the unfinished line for later.
+
+    ``task.progress_carry`` holds the start of the current line, or None while inside a line
+    too long to be a progress line (its bytes are skipped up to the next newline).
+    """
+    *complete, rest = chunk.split(b"\n")
+    fractions = []
+    for i, line in enumerate(complete):
+        if i == 0:
+            carry, task.progress_carry = task.progress_carry, b""
+            if carry is None:
+                continue
+            line = carry + line
+        fraction = _progress_fraction(line)
+        if fraction is not None:
+            fractions.append(fraction)
+    carry = rest if complete else (None if task.progress_carry is None else task.progress_carry + rest)
+    task.progress_carry = carry if carry is not None and len(carry) <= PROGRESS_LINE_MAX_BYTES else None
+    return fractions
+
+
+# --------------------------------------------------------------------------- connection
+
+
+class _Peer:
+    """The master currently attached: its protocol state and the bytes waiting to go out."""
+
+    def __init__(self, rfd: int, wfd: int, sock: Optional[socket.socket]) -> None:
+        self.rfd = rfd
+        self.wfd = wfd
+        self.sock = sock
+        self.conn = wire.Connection("agent")
+        self.out = bytearray()
+        self.greeted = False  # our Hello went out: results may follow
+        self.watching_write = False
+        for fd in {rfd, wfd}:
+            os.set_blocking(fd, False)
+
+    def send(self, message: wire.Message) -> None:
+        self.out += self.conn.send(message)
+
+    def write_some(self) -> None:
+        """Write what the pipe takes now; raises OSError if the master is gone."""
+        while self.out:
+            try:
+                written = os.write(self.wfd, self.out)
+            except BlockingIOError:
+                return
+            del self.out[:written]
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        else:
+            for fd in {self.rfd, self.wfd}:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
+# --------------------------------------------------------------------------- the agent
+
+
+class Agent:
+    """The event loop: one master connection, up to ``slots`` tasks, timers, the journal.
+
+    Single-threaded: a selector waits on the master's stream, the listening socket and a
+    self-pipe that turns SIGCHLD/SIGTERM into readable bytes; timeouts and kills sit in a
+    heap. Children are reaped with ``waitid(WNOWAIT)`` first so that the task's process
+    group can be killed while its id is still reserved, and only then collected.
+    """
+
+    def __init__(self, state_dir: str, slots: int, node: str, grace_s: float = 5.0,
+                 idle_exit_s: float = 0.0, progress_poll_s: float = 0.25) -> None:  # fmt: skip
+        if slots < 1:
+            raise ValueError("slots must be at least 1")
+        self.state_dir = state_dir
+        self.slots = slots
+        self.node = node
+        self.grace_s = grace_s
+        self.idle_exit_s = idle_exit_s
+        self.progress_poll_s = progress_poll_s
+        self.out_dir = os.path.join(state_dir, OUT_DIR)
+        os.makedirs(self.out_dir, exist_ok=True)
+        self._home = os.environ.get("HOME") or state_dir
+        self._base_env = dict(os.environ)
+        self._queued: Dict[Key, wire.Run] = {}
+        self._running: Dict[Key, _Task] = {}
+        self._by_pid: Dict[int, _Task] = {}
+        self._timers: List[Tuple[float, int, _Task, str]] = []
+        self._timer_seq = itertools.count()
+        self._next_progress_at = 0.0
+        self._peer: Optional[_Peer] = None
+        self._listener: Optional[socket.socket] = None
+        self._stdio = False
+        self._shutdown: Optional[str] = None  # None, "drain" or "cancel"
+        self._idle_since = time.monotonic()
+        self._sel = selectors.DefaultSelector()
+        self._journal = Journal(os.path.join(state_dir, JOURNAL_NAME))
+        started, self._results, self._acked = self._journal.load()
+        for key, record in started.items():
+            self._results[key] = self._orphan_result(record)
+        self._compact()
+
+    # ----------------------------------------------------------------- entry points
+
+    def serve_socket(self) -> None:
+        """Serve masters connecting to ``agent.sock`` (cwd must be the state dir)."""
+        if os.path.exists(SOCKET_NAME):
+            os.unlink(SOCKET_NAME)  # stale: we hold the lock, so no live agent owns it
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o077)  # whoever can connect can run commands as us
+        try:
+            listener.bind(SOCKET_NAME)
+        finally:
+            os.umask(old_umask)
+        listener.listen(8)
+        listener.setblocking(False)
+        self._listener = listener
+        self._sel.register(listener, selectors.EVENT_READ, self._on_accept)
+        log(f"serving {self.state_dir} with {self.slots} slots, pid {os.getpid()}")
+        self._run_loop(hangup_ends=False)
+
+    def serve_stdio(self) -> None:
+        """Serve one master on stdin/stdout; losing it cancels the tasks and ends the agent."""
+        self._stdio = True
+        self._attach(_Peer(sys.stdin.fileno(), sys.stdout.fileno(), None))
+        self._run_loop(hangup_ends=True)
+
+    # ----------------------------------------------------------------- loop
+
+    def _run_loop(self, hangup_ends: bool) -> None:
+        wake_r, wake_w = os.pipe()
+        for fd in (wake_r, wake_w):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        ending = {signal.SIGTERM, signal.SIGINT} | ({signal.SIGHUP} if hangup_ends else set())
+        for signum in ending | {signal.SIGCHLD}:
+            signal.signal(signum, lambda *_: None)  # the wakeup fd carries the signal number
+        if not hangup_ends:
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+        def on_signal(_mask: int) -> None:
+            try:
+                numbers = os.read(wake_r, 512)
+            except BlockingIOError:
+                return
+            if any(n in ending for n in numbers):
+                log("signal received: cancelling tasks and stopping")
+                self._begin_shutdown(drain=False)
+            self._reap()
+
+        self._sel.register(wake_r, selectors.EVENT_READ, on_signal)
+        try:
+            while True:
+                for selected, mask in self._sel.select(self._wait_s()):
+                    selected.data(mask)
+                self._fire_timers(time.monotonic())
+                self._start_queued()
+                self._journal.flush()
+                if self._journal.oversized:
+                    self._compact()
+                self._flush_peer()
+                if self._finished():
+                    break
+        finally:
+            self._close()
+
+    def _wait_s(self) -> Optional[float]:
+        now = time.monotonic()
+        deadlines = []
+        if self._timers:
+            deadlines.append(self._timers[0][0])
+        if self._running:
+            deadlines.append(self._next_progress_at)
+        if self._idle_exit_pending():
+            deadlines.append(self._idle_since + self.idle_exit_s)
+        return max(0.0, min(deadlines) - now) if deadlines else None
+
+    def _finished(self) -> bool:
+        if self._running or self._queued:
+            return False
+        if self._shutdown is not None:
+            return True
+        if self._idle_exit_pending() and time.monotonic() >= self._idle_since + self.idle_exit_s:
+            log(f"no master for {self.idle_exit_s:g} s and nothing to do: exiting")
+            return True
+        return False
+
+    def _idle_exit_pending(self) -> bool:
+        return self.idle_exit_s > 0 and self._peer is None and not self._running and not self._queued
+
+    def _close(self) -> None:
+        self._journal.flush()
+        self._journal.close()
+        peer = self._peer
+        if peer is not None:
+            deadline = time.monotonic() + EXIT_FLUSH_TIMEOUT_S
+            try:
+                peer.write_some()
+                while peer.out and time.monotonic() < deadline:
+                    select.select([], [peer.wfd], [], deadline - time.monotonic())
+                    peer.write_some()
+            except OSError:
+                pass
+            peer.close()
+        if self._listener is not None:
+            self._listener.close()
+            for name in (SOCKET_NAME, PID_NAME):
+                try:
+                    os.unlink(name)
+                except FileNotFoundError:
+                    pass
+        log("stopped")
+
+    # ----------------------------------------------------------------- the master
+
+    def _on_accept(self, _mask: int) -> None:
+        assert self._listener is not None
+        try:
+            sock, _ = self._listener.accept()
+        except BlockingIOError:
+            return
+        if self._peer is not None:
+            log("a new master connection replaces the previous one")
+            self._detach()
+        self._attach(_Peer(sock.fileno(), sock.fileno(), sock))
+
+    def _attach(self, peer: _Peer) -> None:
+        self._peer = peer
+        self._sel.register(peer.rfd, selectors.EVENT_READ, self._on_peer_io)
+
+    def _detach(self) -> None:
+        peer, self._peer = self._peer, None
+        if peer is None:
+            return
+        self._sel.unregister(peer.rfd)
+        if peer.watching_write and peer.wfd != peer.rfd:
+            self._sel.unregister(peer.wfd)
+        peer.close()
+        self._idle_since = time.monotonic()
+        if self._stdio:
+            log("the master closed the pipe: cancelling tasks and stopping")
+            self._begin_shutdown(drain=False)
+
+    def _on_peer_io(self, mask: int) -> None:
+        peer = self._peer
+        if peer is None:
+            return
+        if mask & selectors.EVENT_WRITE:
+            self._flush_peer()
+        if mask & selectors.EVENT_READ and self._peer is peer:
+            try:
+                data = os.read(peer.rfd, 1 << 18)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                log(f"master connection failed: {exc}")
+                self._detach()
+                return
+            peer.conn.receive_data(data)
+            self._handle_messages(peer)
+
+    def _handle_messages(self, peer: _Peer) -> None:
+        while self._peer is peer:
+            try:
+                message = peer.conn.next_event()
+            except wire.RemoteProtocolError as exc:
+                log(f"master broke the protocol: {exc}")
+                if not peer.greeted:  # tell it which protocol we speak before hanging up
+                    peer.send(self._hello())
+                    try:
+                        peer.write_some()
+                    except OSError:
+                        pass
+                self._detach()
+                return
+            if message is wire.NEED_DATA:
+                return
+            if isinstance(message, wire.ConnectionClosed):
+                self._detach()
+                return
+            self._handle(peer, message)
+
+    def _handle(self, peer: _Peer, message: wire.Message) -> None:
+        if isinstance(message, wire.Hello):
+            peer.send(self._hello())
+            peer.greeted = True
+            for result in self._results.values():
+                peer.send(result)
+        elif isinstance(message, wire.Run):
+            self._accept_run(peer, message)
+        elif isinstance(message, wire.Ack):
+            key = wire.key_of(message)
+            if self._results.pop(key, None) is not None:
+                self._journal.append(message)
+                self._acked.add(key)
+        elif isinstance(message, wire.Cancel):
+            self._cancel(wire.key_of(message))
+        elif isinstance(message, wire.Ping):
+            peer.send(wire.Pong(message.seq))
+        elif isinstance(message, wire.Shutdown):
+            log(f"shutdown requested ({'drain' if message.drain else 'cancel'})")
+            self._begin_shutdown(message.drain)
+
+    def _hello(self) -> wire.Hello:
+        return wire.Hello(
+            role="agent",
+            node=self.node,
+            slots=self.slots,
+            agent_version=AGENT_VERSION,
+            running=tuple(self._running) + tuple(self._queued),
+            pending_results=len(self._results),
+        )
+
+    def _send(self, message: wire.Message) -> None:
+        peer = self._peer
+        if peer is not None and peer.greeted:
+            peer.send(message)
+
+    def _flush_peer(self) -> None:
+        peer = self._peer
+        if peer is None:
+            return
+        try:
+            peer.write_some()
+        except OSError as exc:
+            log(f"master connection lost while writing: {exc}")
+            self._detach()
+            return
+        if len(peer.out) > PEER_BACKLOG_MAX_BYTES:
+            log("the master stopped reading: dropping it (results wait in the journal)")
+            self._detach()
+            return
+        want_write = bool(peer.out)
+        if want_write == peer.watching_write:
+            return
+        if peer.wfd == peer.rfd:
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want_write else 0)
+            self._sel.modify(peer.rfd, events, self._on_peer_io)
+        elif want_write:
+            self._sel.register(peer.wfd, selectors.EVENT_WRITE, self._on_peer_io)
+        else:
+            self._sel.unregister(peer.wfd)
+        peer.watching_write = want_write
+
+    # ----------------------------------------------------------------- task lifecycle
+
+    def _accept_run(self, peer: _Peer, run: wire.Run) -> None:
+        key = wire.key_of(run)
+        task = self._running.get(key)
+        if task is not None:
+            peer.send(wire.Started(run.task, run.attempt, task.pid))
+        elif key in self._queued:
+            pass  # accepted already; its Started comes when a slot frees
+        elif key in self._results:
+            peer.send(self._results[key])
+        elif key in self._acked:
+            peer.send(self._refusal(run, "this attempt already ran and its result was acknowledged"))
+        elif self._shutdown is not None:
+            self._record(self._refusal(run, "the agent is shutting down"))
+        else:
+            self._queued[key] = run
+
+    @staticmethod
+    def _refusal(run: wire.Run, why: str) -> wire.Result:
+        return wire.Result(run.task, run.attempt, exit_code=None, runtime_s=0.0, error=f"not run: {why}")
+
+    def _start_queued(self) -> None:
+        while self._queued and len(self._running) < self.slots:
+            key = next(iter(self._queued))
+            self._start(self._queued.pop(key))
+
+    def _start(self, run: wire.Run) -> None:
+        stem = os.path.join(self.out_dir, output_stem(run.task, run.attempt))
+        out_path, err_path = stem + ".stdout", stem + ".stderr"
+        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        env = dict(self._base_env)
+        env.update(run.env)
+        env.update(BROKER_TASK=run.task, BROKER_ATTEMPT=str(run.attempt), BROKER_AGENT_DIR=self.state_dir)
+        cwd = run.cwd or self._home
+        try:
+            os.chdir(cwd)  # posix_spawn has no chdir; the agent is single-threaded
+        except OSError as exc:
+            why = f"cannot enter the working directory {cwd}: {exc.strerror}"
+            self._record(wire.Result(run.task, run.attempt, None, 0.0, error=why))
+            return
+        fds: List[int] = []
+        try:
+            fds.append(os.open(out_path, flags, 0o644))
+            fds.append(os.open(err_path, flags, 0o644))
+            started_at = time.monotonic()
+            pid = os.posix_spawn(
+                SHELL,
+                [SHELL, "-c", run.command],
+                env,
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, fds[0], 1),
+                    (os.POSIX_SPAWN_DUP2, fds[1], 2),
+                ],
+                setpgroup=0,
+                setsigdef=(signal.SIGPIPE, signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGXFSZ),
+            )
+        except (OSError, ValueError) as exc:
+            for fd in fds:
+                os.close(fd)
+            for path in (out_path, err_path):
+                if os.path.exists(path):
+                    os.unlink(path)
+            self._record(wire.Result(run.task, run.attempt, None, 0.0, error=f"could not start: {exc}"))
+            return
+        finally:
+            os.chdir(self.state_dir)
+        task = _Task(run, pid, started_at, fds[0], fds[1], out_path, err_path)
+        self._running[task.key] = task
+        self._by_pid[pid] = task
+        if run.timeout_s is not None:
+            self._add_timer(started_at + run.timeout_s, task, "timeout")
+        if len(self._running) == 1:
+            self._next_progress_at = started_at + self.progress_poll_s
+        started = wire.Started(run.task, run.attempt, pid)
+        self._journal.append(started)
+        self._send(started)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None:
+                return
+            task = self._by_pid.pop(info.si_pid, None)
+            if task is not None:
+                self._signal_group(task, signal.SIGKILL)  # leftovers, while the group id is still ours
+            os.waitpid(info.si_pid, 0)
+            if task is not None:
+                exit_code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+                self._finish(task, exit_code)
+
+    def _finish(self, task: _Task, exit_code: int) -> None:
+        runtime_s = time.monotonic() - task.started_at
+        del self._running[task.key]
+        stdout_tail, stdout_path = _read_tail(task.out_fd, task.out_path)
+        stderr_tail, stderr_path = _read_tail(task.err_fd, task.err_path)
+        self._record(
+            wire.Result(
+                task.run.task,
+                task.run.attempt,
+                exit_code,
+                runtime_s,
+                timed_out=task.timed_out,
+                cancelled=task.cancelled,
+                stdout_tail=stdout_tail,
+                stderr_tail=stderr_tail,
+                stdout_path=stdout_path,
+                stderr_path=stderr_path,
+            )
+        )
+
+    def _record(self, result: wire.Result) -> None:
+        self._results[wire.key_of(result)] = result
+        self._journal.append(result)
+        self._send(result)
+
+    def _cancel(self, key: Key) -> None:
+        run = self._queued.pop(key, None)
+        if run is not None:
+            self._record(wire.Result(run.task, run.attempt, None, 0.0, cancelled=True))
+        elif key in self._running:
+            self._terminate(self._running[key], "cancelled")
+
+    def _terminate(self, task: _Task, reason: str) -> None:
+        """SIGTERM the task's group now, SIGKILL it ``grace_s`` later. The first reason sticks."""
+        if task.timed_out or task.cancelled:
+            return
+        if reason == "timeout":
+            task.timed_out = True
+        else:
+            task.cancelled = True
+        self._signal_group(task, signal.SIGTERM)
+        self._add_timer(time.monotonic() + self.grace_s, task, "kill")
+
+    @staticmethod
+    def _signal_group(task: _Task, signum: int) -> None:
+        try:
+            os.killpg(task.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _begin_shutdown(self, drain: bool) -> None:
+        if self._shutdown == "cancel":
+            return
+        self._shutdown = "drain" if drain else "cancel"
+        if drain:
+            return
+        for run in list(self._queued.values()):
+            self._record(wire.Result(run.task, run.attempt, None, 0.0, cancelled=True))
+        self._queued.clear()
+        for task in list(self._running.values()):
+            self._terminate(task, "cancelled")
+
+    # ----------------------------------------------------------------- timers
+
+    def _add_timer(self, when: float, task: _Task, action: str) -> None:
+        heapq.heappush(self._timers, (when, next(self._timer_seq), task, action))
+
+    def _fire_timers(self, now: float) -> None:
+        while self._timers and self._timers[0][0] <= now:
+            _, _, task, action = heapq.heappop(self._timers)
+            if self._running.get(task.key) is not task:
+                continue  # it ended meanwhile
+            if action == "timeout":
+                self._terminate(task, "timeout")
+            else:
+                self._signal_group(task, signal.SIGKILL)
+        if self._running and now >= self._next_progress_at:
+            self._poll_progress(now)
+            self._next_progress_at = now + self.progress_poll_s
+
+    def _poll_progress(self, now: float) -> None:
+        for task in self._running.values():
+            size = os.fstat(task.out_fd).st_size
+            if size <= task.progress_offset:
+                continue
+            chunk = os.pread(task.out_fd, min(size - task.progress_offset, PROGRESS_READ_MAX_BYTES), task.progress_offset)
+            task.progress_offset += len(chunk)
+            for fraction in _progress_fractions(task, chunk):
+                self._send(wire.Progress(task.run.task, task.run.attempt, fraction, now - task.started_at))
+
+    # ----------------------------------------------------------------- journal upkeep
+
+    def _compact(self) -> None:
+        live: List[wire.Message] = [wire.Ack(task, attempt) for task, attempt in self._acked]
+        live += [wire.Started(t.run.task, t.run.attempt, t.pid) for t in self._running.values()]
+        live += list(self._results.values())
+        self._journal.rewrite(live)
+
+    def _orphan_result(self, started: wire.Started) -> wire.Result:
+        """A task the previous agent started and never saw end: report it, kill it if still there."""
+        note = "its outcome is unknown"
+        if self._still_ours(started):
+            try:
+                os.killpg(started.pid, signal.SIGKILL)
+                note = "it was still running and has been killed"
+            except (ProcessLookupError, PermissionError):
+                pass
+        log(f"task {started.task!r} attempt {started.attempt} outlived the previous agent: {note}")
+        return wire.Result(
+            started.task, started.attempt, None, 0.0,
+            error=f"the agent stopped while this attempt ran (pid {started.pid}); {note}",
+        )  # fmt: skip
+
+    def _still_ours(self, started: wire.Started) -> bool:
+        """Whether pid still runs this attempt (its environment carries our markers; Linux only)."""
+        try:
+            with open(f"/proc/{started.pid}/environ", "rb") as f:
+                environ = set(f.read().split(b"\0"))
+        except OSError:
+            return False
+        marks = {
+            os.fsencode(f"BROKER_TASK={started.task}"),
+            os.fsencode(f"BROKER_ATTEMPT={started.attempt}"),
+            os.fsencode(f"BROKER_AGENT_DIR={self.state_dir}"),
+        }
+        return marks <= environ
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _lock_state_dir(state_dir: str) -> Optional[int]:
+    """Hold the state dir's lock for this process's life; None if another agent holds it."""
+    fd = os.open(os.path.join(state_dir, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _prepare_state_dir(path: str) -> str:
+    state_dir = os.path.abspath(os.path.expanduser(path))
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    return state_dir
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    state_dir = _prepare_state_dir(args.state_dir)
+    if _lock_state_dir(state_dir) is None:
+        if args.stdio:
+            log(f"another agent is serving {state_dir}")
+            return 1
+        return 0  # lost a start-up race to another daemon: the attach reaches that one
+    os.chdir(state_dir)
+    with open(PID_NAME, "w") as f:
+        f.write(f"{os.getpid()}\n")
+    agent = Agent(state_dir, args.slots, args.node, args.grace_s, args.idle_exit_s, args.progress_poll_s)
+    if args.stdio:
+        agent.serve_stdio()
+    else:
+        agent.serve_socket()
+    return 0
+
+
+def _connect() -> Optional[socket.socket]:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(SOCKET_NAME)
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        return None
+    return sock
+
+
+def _start_daemon(args: argparse.Namespace, state_dir: str) -> subprocess.Popen:
+    """The daemon in a session of its own, cut from our stdio, so it survives our channel."""
+    argv = [sys.executable, AGENT_FILE, "serve", "--state-dir", state_dir] + _common_argv(args)
+    with open(LOG_NAME, "ab") as log_file:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def _connect_or_start(args: argparse.Namespace, state_dir: str) -> socket.socket:
+    sock = _connect()
+    if sock is not None:
+        return sock
+    daemon = _start_daemon(args, state_dir)
+    deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        sock = _connect()
+        if sock is not None:
+            return sock
+        code = daemon.poll()
+        if code not in (None, 0):
+            with open(LOG_NAME, "rb") as f:
+                tail = f.read()[-2000:].decode("utf-8", "replace")
+            raise SystemExit(f"the agent daemon failed (exit {code}); {state_dir}/{LOG_NAME} ends:\n{tail}")
+        time.sleep(0.01)
+    raise SystemExit(f"the agent daemon did not open {state_dir}/{SOCKET_NAME} within {DAEMON_START_TIMEOUT_S:g} s")
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    """Bridge stdin/stdout to the daemon; return when the daemon ends the connection."""
+    state_dir = _prepare_state_dir(args.state_dir)
+    os.chdir(state_dir)
+    sock = _connect_or_start(args, state_dir)
+
+    def pump_stdin() -> None:
+        try:
+            while True:
+                data = os.read(0, 1 << 16)
+                if not data:
+                    break
+                sock.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                sock.shutdown(socket.SHUT_WR)  # the master is gone: the daemon detaches it
+            except OSError:
+                pass
+
+    threading.Thread(target=pump_stdin, daemon=True).start()
+    try:
+        while True:
+            data = sock.recv(1 << 16)
+            if not data:
+                return 0
+            view = memoryview(data)
+            while view:
+                view = view[os.write(1, view) :]
+    except OSError:
+        return 0
+
+
+def _common_argv(args: argparse.Namespace) -> List[str]:
+    return [
+        "--slots", str(args.slots), "--node", args.node, "--grace-s", repr(args.grace_s),
+        "--idle-exit-s", repr(args.idle_exit_s), "--progress-poll-s", repr(args.progress_poll_s),
+    ]  # fmt: skip
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agent.py", description="The broker's worker agent.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    commands: Dict[str, Callable[[argparse.Namespace], int]] = {"serve": cmd_serve, "attach": cmd_attach}
+    for name, func in commands.items():
+        p = sub.add_parser(name)
+        p.set_defaults(func=func)
+        p.add_argument("--state-dir", required=True, help="the agent's directory (created if missing)")
+        p.add_argument("--slots", type=_positive_int, required=True, help="tasks run at once")
+        p.add_argument("--node", default=socket.gethostname(), help="name reported in the Hello")
+        p.add_argument("--grace-s", type=float, default=5.0, help="SIGTERM to SIGKILL delay")
+        p.add_argument("--idle-exit-s", type=float, default=0.0, help="exit after this long with no master and no task (0: never)")
+        p.add_argument("--progress-poll-s", type=float, default=0.25, help="how often stdout is scanned for progress lines")
+        if name == "serve":
+            p.add_argument("--stdio", action="store_true", help="speak on stdin/stdout and die with the pipe")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
