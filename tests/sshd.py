@@ -25,6 +25,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,6 +137,8 @@ class _Started:
 def _start(directory: Path, host_key: Path, authorized: Path) -> _Started:
     """Start sshd on a free port; retry on the rare race where the port is taken meanwhile."""
     last_error = ""
+    home = directory / "home"
+    home.mkdir(exist_ok=True)
     for _attempt in range(5):
         port = _free_port()
         config = directory / "sshd_config"
@@ -154,6 +157,10 @@ def _start(directory: Path, host_key: Path, authorized: Path) -> _Started:
                     "PermitRootLogin yes",
                     f"PidFile {directory / 'sshd.pid'}",
                     "Subsystem sftp internal-sftp",
+                    # Sessions get their own HOME and PATH: the machine's dotfiles (a
+                    # pyenv init in ~/.bashrc can stall a login for a minute on a stale
+                    # lock) stay out of the tests, and `python3` is the tests' interpreter.
+                    f"SetEnv HOME={home} PATH={Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
                     "LogLevel ERROR",
                     "MaxStartups 100:30:200",
                     "MaxSessions 100",
@@ -171,6 +178,8 @@ def _start(directory: Path, host_key: Path, authorized: Path) -> _Started:
         )
         log.close()
         if _wait_listening(port, process):
+            # Let the readiness probe's connection process exit, so a test starts with none.
+            _wait_gone(_descendants(process.pid), timeout_s=2.0)
             return _Started(port, process)
         _stop_process_tree(process)
         last_error = (directory / "sshd.log").read_text(errors="replace")[-2000:]
