@@ -1,0 +1,102 @@
+"""``broker plan``: the JSON shape, the table, the reason line, the plot."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from broker.cli import main
+
+INVENTORY = """
+private:
+  - {name: lab, local: true, slots: 2, speed: 2, cost_per_hour: 0.05}
+aws:
+  billing: hourly
+  types:
+    - {name: small, slots: 1, speed: 1, price: 0.08, limit: 3}
+    - {name: big, slots: 2, speed: 4, price: 0.50, limit: 2, boot: 60s}
+"""
+
+
+@pytest.fixture()
+def inventory(tmp_path):
+    path = tmp_path / "inventory.yaml"
+    path.write_text(INVENTORY)
+    return str(path)
+
+
+def test_json_prints_exactly_one_object_with_the_documented_keys(inventory, capsys):
+    rc = main(["plan", "--inventory", inventory, "--tasks", "200", "--mean-runtime", "5m", "--theta", "0.5", "--json"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    obj = json.loads(out)  # raises if there is anything but one JSON document
+    assert set(obj) == {"work", "front", "chosen", "solve_ms"}
+    assert set(obj["work"]) == {"tasks", "mean_ref_s", "total_ref_s", "planned_ref_s"}
+    assert obj["work"] == {"tasks": 200, "mean_ref_s": 300.0, "total_ref_s": 60000.0, "planned_ref_s": 60000.0}
+    assert obj["front"] and all(set(row) == {"makespan_s", "cost_usd", "fleet"} for row in obj["front"])
+    assert set(obj["chosen"]) == {"makespan_s", "cost_usd", "fleet"}
+    assert obj["chosen"] in obj["front"]
+    makespans = [row["makespan_s"] for row in obj["front"]]
+    assert makespans == sorted(makespans)
+
+
+def test_json_with_an_impossible_deadline_has_no_chosen_plan_and_exits_1(inventory, capsys):
+    rc = main(["plan", "--inventory", inventory, "--tasks", "200", "--mean-runtime", "5m", "--deadline", "5m",
+               "--json"])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert json.loads(captured.out)["chosen"] is None
+    assert "no plan finishes" in captured.err
+
+
+def test_table_marks_the_chosen_point_and_lists_types_with_billing(inventory, capsys):
+    rc = main(["plan", "--inventory", inventory, "--tasks", "200", "--mean-runtime", "5m", "--point", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    lines = out.splitlines()
+    assert "small (hourly)" in out and "big (hourly)" in out
+    marked = [line for line in lines if line.startswith("*")]
+    assert len(marked) == 1 and marked[0].split()[1] == "1"
+
+
+def test_table_says_why_a_budget_cannot_be_met(inventory, capsys):
+    rc = main(["plan", "--inventory", inventory, "--tasks", "2000", "--mean-runtime", "30m", "--budget", "0.01"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "cannot meet budget $0.01: " in out and "the cheapest plan costs $" in out
+
+
+def test_bats_policy_needs_a_budget(inventory, capsys):
+    rc = main(["plan", "--inventory", inventory, "--tasks", "20", "--mean-runtime", "5m", "--policy", "bats"])
+    assert rc == 2
+    assert "--budget" in capsys.readouterr().err
+    rc = main(["plan", "--inventory", inventory, "--tasks", "20", "--mean-runtime", "5m", "--policy", "bats",
+               "--budget", "5", "--json"])
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out)["chosen"]["cost_usd"] <= 5
+
+
+def test_bad_flags_are_usage_errors(inventory, capsys):
+    assert main(["plan", "--inventory", inventory, "--tasks", "20"]) == 2
+    assert main(["plan", "--inventory", inventory, "--tasks", "20", "--mean-runtime", "5m", "--theta", "2"]) == 2
+    assert main(["plan", "--inventory", inventory, "--tasks", "20", "--mean-runtime", "soon"]) == 2
+    assert main(["plan", "--inventory", inventory, "--tasks", "20", "--mean-runtime", "5m", "--point", "99"]) == 2
+    err = capsys.readouterr().err
+    assert "--mean-runtime" in err and "theta" in err and "not on the front" in err
+
+
+def test_bag_without_estimates_asks_for_a_mean(inventory, tmp_path, capsys):
+    bag = tmp_path / "bag.yaml"
+    bag.write_text("command: echo {x}\nsweep:\n  x: [1, 2, 3]\ntimeout: 10m\n")
+    rc = main(["plan", "--inventory", inventory, str(bag)])
+    assert rc == 2
+    assert "this bag has no estimate columns" in capsys.readouterr().err
+
+
+def test_plot_writes_a_png(inventory, tmp_path, capsys):
+    png = tmp_path / "front.png"
+    rc = main(["plan", "--inventory", inventory, "--tasks", "200", "--mean-runtime", "5m", "--theta", "1",
+               "--plot", str(png)])
+    assert rc == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
