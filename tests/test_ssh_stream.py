@@ -83,6 +83,18 @@ def test_stream_honours_the_transport_contract(sshd: TestSshd) -> None:
             stream.send(b"x")
 
 
+def test_close_from_another_thread_wakes_a_reader_waiting_forever(sshd: TestSshd) -> None:
+    with session_for(sshd) as session:
+        stream = session.open_stream("cat")
+        got: list[bytes | None] = []
+        reader = threading.Thread(target=lambda: got.append(stream.recv(timeout_s=None)))
+        reader.start()
+        time.sleep(0.05)
+        stream.close()
+        reader.join(timeout=2.0)
+        assert not reader.is_alive() and got == [b""]
+
+
 def test_cat_echoes_partial_lines_and_every_byte_value(sshd: TestSshd) -> None:
     with session_for(sshd) as session:
         stream = session.open_stream("cat")

@@ -517,14 +517,20 @@ class SshTransport:
 
     Its stderr is kept as a bounded tail (:meth:`stderr_tail`) for diagnostics, and drained
     as it arrives so it can never stall stdout by exhausting the channel's window. One
-    thread may ``recv`` while others ``send``.
+    thread may sit in ``recv`` while others ``send`` and ``close``: ``close`` wakes a
+    waiting ``recv`` (which returns ``b""``) before the channel, and with it the descriptor
+    ``recv`` polls, goes away.
     """
 
     def __init__(self, channel: paramiko.Channel, address: str) -> None:
         self._channel = channel
         self._address = address
-        self._ready_fd = channel.fileno()
+        self._ready_fd = channel.fileno()  # readable when stdout or stderr data, EOF or close
+        self._wake_r, self._wake_w = os.pipe()
+        self._recv_lock = threading.Lock()
+        self._close_lock = threading.Lock()
         self._closed = False
+        self._stderr_lock = threading.Lock()
         self._stderr_tail: deque[bytes] = deque()
         self._stderr_bytes = 0
 
@@ -546,25 +552,31 @@ class SshTransport:
     def recv(self, max_bytes: int = 65536, timeout_s: float | None = None) -> bytes | None:
         channel = self._channel
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while not self._closed:
-            self._drain_stderr()
-            if channel.recv_ready():
-                return channel.recv(max_bytes)
-            if channel.eof_received or channel.closed:
-                # Data that arrived just before the end is still delivered first.
-                return channel.recv(max_bytes) if channel.recv_ready() else b""
-            remaining_s = None if deadline is None else deadline - time.monotonic()
-            if remaining_s is not None and remaining_s <= 0:
-                return None
-            select.select([self._ready_fd], [], [], remaining_s)
-        return b""
+        with self._recv_lock:
+            while not self._closed:
+                self._drain_stderr()
+                if channel.recv_ready():
+                    return channel.recv(max_bytes)
+                if channel.eof_received or channel.closed:
+                    # Data that arrived just before the end is still delivered first.
+                    return channel.recv(max_bytes) if channel.recv_ready() else b""
+                remaining_s = None if deadline is None else deadline - time.monotonic()
+                if remaining_s is not None and remaining_s <= 0:
+                    return None
+                select.select([self._ready_fd, self._wake_r], [], [], remaining_s)
+            return b""
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with contextlib.suppress(Exception):
-            self._channel.close()
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        os.write(self._wake_w, b"x")
+        with self._recv_lock:  # no recv is polling the descriptors any more
+            with contextlib.suppress(Exception):
+                self._channel.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
 
     @property
     def closed(self) -> bool:
@@ -580,12 +592,14 @@ class SshTransport:
     def stderr_tail(self) -> bytes:
         """The last bytes (up to 64 KiB) the remote command wrote to stderr."""
         self._drain_stderr()
-        return b"".join(self._stderr_tail)
+        with self._stderr_lock:
+            return b"".join(self._stderr_tail)
 
     def _drain_stderr(self) -> None:
-        while self._channel.recv_stderr_ready():
-            chunk = self._channel.recv_stderr(65536)
-            self._stderr_tail.append(chunk)
-            self._stderr_bytes += len(chunk)
-            while self._stderr_bytes - len(self._stderr_tail[0]) >= _STDERR_TAIL_BYTES:
-                self._stderr_bytes -= len(self._stderr_tail.popleft())
+        with self._stderr_lock:
+            while self._channel.recv_stderr_ready():
+                chunk = self._channel.recv_stderr(65536)
+                self._stderr_tail.append(chunk)
+                self._stderr_bytes += len(chunk)
+                while self._stderr_bytes - len(self._stderr_tail[0]) >= _STDERR_TAIL_BYTES:
+                    self._stderr_bytes -= len(self._stderr_tail.popleft())
