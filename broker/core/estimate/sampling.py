@@ -46,10 +46,10 @@ class SamplingDriver:
         self.slots = int(slots)
         self._order = rng.permutation(self.n_tasks)
         self._next_order = 0  # position in the permutation of the next draw
-        self._fed = 0  # draws whose result the rule has consumed (a prefix of the draw order)
+        self._fed = 0  # draws whose result was offered to the rule (a prefix of the draw order)
+        self._used = 0  # of those, how many the rule took (a shorter prefix once it stopped)
         self._runtime_ref_s: dict[int, float] = {}  # completed draws: reference runtime
         self._in_flight: set[int] = set()
-        self._extra: list[int] = []  # completed draws the rule did not need, in draw order
 
     # -- dispatch ---------------------------------------------------------------------------
     def next_draw(self) -> int | None:
@@ -83,8 +83,8 @@ class SamplingDriver:
         self._feed_in_draw_order()
 
     def _feed_in_draw_order(self) -> None:
-        """Pass the longest run of completed draws that follows the fed prefix to the rule
-        (in one call, for speed); whatever the rule does not take is extra."""
+        """Offer the longest run of completed draws that follows the fed prefix to the rule
+        (in one call, for speed); whatever it does not take is extra."""
         run: list[int] = []
         for position in range(self._fed, self._next_order):
             task = int(self._order[position])
@@ -94,8 +94,7 @@ class SamplingDriver:
         if not run:
             return
         z = np.minimum([self._runtime_ref_s[t] for t in run], self.r_max_s) / self.r_max_s
-        used = self.rule.feed_many(z)
-        self._extra.extend(run[used:])
+        self._used += self.rule.feed_many(z)
         self._fed += len(run)
 
     # -- state ------------------------------------------------------------------------------
@@ -128,8 +127,12 @@ class SamplingDriver:
 
     @property
     def extra(self) -> dict[int, float]:
-        """Completed draws past the stopping point: task index -> reference runtime (s)."""
-        return {task: self._runtime_ref_s[task] for task in self._extra}
+        """Completed draws the rule did not take because it had stopped: task index ->
+        reference runtime (s). Empty while the rule still wants samples."""
+        if not self.done:
+            return {}
+        used = {int(task) for task in self._order[: self._used]}
+        return {task: ref_s for task, ref_s in self._runtime_ref_s.items() if task not in used}
 
     @property
     def runtimes_ref_s(self) -> dict[int, float]:
