@@ -230,3 +230,24 @@ def test_fluid_bound_fills_cheapest_capacity_first():
     work = Work(total_ref_s=5000.0, tasks=1, mean_ref_s=1.0)
     assert fluid_lower_bound([dear, cheap], [], work, 3600.0) == pytest.approx(3600 * 1e-4 + 1400 * 2e-4)
     assert fluid_lower_bound([dear, cheap], [], work, 2000.0) == math.inf
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_fallback_plan_covers_the_work_and_costs_at_least_the_optimum(seed):
+    from broker.core.plan.capacity import Catalogue
+    from broker.core.plan.mincost import assemble, greedy_choice
+
+    rng = random.Random(900 + seed)
+    types, billing = random_catalogue(rng, 3)
+    private = [PrivateNode("p", 1, 2.0, 0.03)]
+    now = 0.0
+    existing = [ExistingInstance("i-1", "t0", -50.0, 400.0)] if types[0].limit > 1 else []
+    T = rng.uniform(2, 4) * 3600
+    work = Work(total_ref_s=rng.uniform(0.2, 0.7) * sum(t.capacity_per_s * t.limit for t in types) * T,
+                tasks=100, mean_ref_s=60.0)
+    catalogue = Catalogue.build(types, private, work, existing, now, EXACT)
+    plan = assemble(catalogue, work, T, greedy_choice(catalogue, work, T), "heuristic", 0.0)
+    assert sum(plan.capacity.values()) >= work.total_ref_s * (1 - 1e-9)
+    assert plan.makespan_s <= T
+    optimum = min_cost(types, private, work, T, existing=existing, now_s=now, options=EXACT)
+    assert plan.cost_usd >= optimum.cost_usd - 1e-6

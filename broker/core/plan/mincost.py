@@ -269,15 +269,14 @@ def _int(var) -> int:
 
 
 def _solver(options: PlanOptions):
-    available = pulp.listSolvers(onlyAvailable=True)
-    if options.solver not in ("auto", "cbc", "highs"):
-        raise ValueError(f"PlanOptions.solver must be auto, cbc or highs, got {options.solver!r}")
     kwargs = dict(msg=False, timeLimit=options.time_limit_s, gapRel=options.gap_rel)
-    if options.solver == "highs" or (options.solver == "auto" and "HiGHS" in available):
-        if "HiGHS" not in available:
+    if options.solver == "cbc":
+        return pulp.PULP_CBC_CMD(**kwargs)
+    if options.solver == "highs":
+        if "HiGHS" not in pulp.listSolvers(onlyAvailable=True):
             raise ValueError("PlanOptions.solver is 'highs' but pulp cannot find HiGHS (pip install highspy)")
         return pulp.HiGHS(**kwargs)
-    return pulp.PULP_CBC_CMD(**kwargs)
+    raise ValueError(f"PlanOptions.solver must be cbc or highs, got {options.solver!r}")
 
 
 def _ms_since(started: float) -> float:

@@ -60,7 +60,9 @@ class PlanOptions:
     # thesis catalogue) make proving a 1e-6 gap take seconds; 1e-3 (plans within 0.1% of the
     # cheapest) solves in tens of milliseconds. Tests that compare with brute force pass 1e-9.
     gap_rel: float = 1e-3
-    solver: str = "auto"  # "auto" (HiGHS when pulp has it, else CBC) | "cbc" | "highs"
+    # "cbc" (bundled with pulp) or "highs" (needs highspy). bench/bench_plan.py compares them:
+    # neither wins everywhere, and CBC is always there.
+    solver: str = "cbc"
     tie_break_usd: float = 1e-7  # per new instance-quantum; see mincost's docstring
     bisect_tol_s: float = 10.0  # min_makespan stops bisecting when the bracket is this narrow
 
