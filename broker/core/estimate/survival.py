@@ -20,10 +20,11 @@ Expected remaining work of a running task of age ``a``:
     r(a) = E[P - a | P > a] = integral_a^inf S(t) dt / S(a)
          = sum_{u > a} f(u) (u - a) / sum_{u > a} f(u),
 
-and its variance the same way. When ``S(a) = 0`` (the task is older than every observed
-runtime and no censored task was older) the data give no answer; the fallback is the
-conservative ``r(a) = max(R - a, 0)`` (it cannot run past its timeout), variance 0, and the
-task is flagged so the caller logs it. Nothing divides by zero.
+and its variance the same way. When no finished task ran longer than ``a`` (the task is
+older than every observed runtime, so ``S(a)`` is 0 or only the censored tail at the cap)
+the data give no answer; the fallback is the conservative ``r(a) = max(R - a, 0)`` (it
+cannot run past its timeout), variance 0, and the task is flagged so the caller logs it.
+Nothing divides by zero.
 
 BaTS's variant (``tau_e``): the mean of the sample runtimes longer than ``a``, so
 ``r(a) = mean{x : x > a} - a``; same fallback when no sample is longer than ``a``.
@@ -118,12 +119,14 @@ class KaplanMeier:
         return float(self._mass @ (self._times - self.mean_ref_s) ** 2)
 
     def residual(self, age_ref_s: float) -> Residual:
-        """``E[P - a | P > a]`` and its variance; the flagged fallback if ``S(a) = 0``."""
+        """``E[P - a | P > a]`` and its variance; the flagged fallback when no finished
+        task ran longer than ``a`` (then only the cap speaks for the tail)."""
         above = self._times > age_ref_s
         mass = self._mass[above]
-        total = float(mass.sum())
-        if total <= _NO_MASS:
+        observed_beyond = float(mass[:-1].sum()) if above[-1] else float(mass.sum())
+        if observed_beyond <= _NO_MASS:
             return _fallback(age_ref_s, self.cap_ref_s)
+        total = float(mass.sum())
         left = self._times[above] - age_ref_s
         expected = float(mass @ left) / total
         variance = max(float(mass @ left**2) / total - expected**2, 0.0)
