@@ -80,7 +80,7 @@ def test_feeding_runs_equals_feeding_one_by_one(name, values, chunk):
     if not one.wants_more():
         a, b = one.estimate(), many.estimate()
         assert (a.samples, a.capped, a.warnings) == (b.samples, b.capped, b.warnings)
-        assert a.mean_ref_s == pytest.approx(b.mean_ref_s, rel=1e-12)  # sums in another order
+        assert a.mean_ref_s == pytest.approx(b.mean_ref_s, rel=1e-9)  # sums in another order
 
 
 @settings(max_examples=30, deadline=None)

@@ -87,6 +87,7 @@ class EBStopRule(StoppingRule):
         self.beta = float(beta)
         self.name = "ebstop" if beta == 1.0 else "ebstop-geo"
         self._t = 0  # samples taken into the bounds so far
+        self._shift = math.nan  # the first sample: sums are of Z - shift, for accurate variances
         self._sum = 0.0
         self._sum_sq = 0.0
         self.lower = 0.0
@@ -120,11 +121,15 @@ class EBStopRule(StoppingRule):
 
     def _consume_block(self, zs: np.ndarray) -> int:
         t0 = self._t
+        if t0 == 0:
+            self._shift = float(zs[0])
         t = np.arange(t0 + 1, t0 + zs.size + 1, dtype=float)
-        sums = self._sum + np.cumsum(zs)
-        sums_sq = self._sum_sq + np.cumsum(zs * zs)
-        mean = sums / t
-        sigma = np.sqrt(np.maximum(sums_sq / t - mean * mean, 0.0))
+        shifted = zs - self._shift
+        sums = self._sum + np.cumsum(shifted)
+        sums_sq = self._sum_sq + np.cumsum(shifted * shifted)
+        mean_shifted = sums / t
+        mean = self._shift + mean_shifted
+        sigma = np.sqrt(np.maximum(sums_sq / t - mean_shifted * mean_shifted, 0.0))
         x = log_terms(self.delta, self.p, self.beta, int(t[-1]))[t0 + 1 : t0 + zs.size + 1]
         radius = np.full(zs.size, np.inf)  # no bound from a single sample
         ok = t >= 2
