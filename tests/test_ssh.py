@@ -12,6 +12,7 @@ from structlog.testing import capture_logs
 from broker.core.model import PrivateNode
 from broker.shells.ssh import (
     AuthenticationFailed,
+    SshError,
     HostKeyChanged,
     HostKeyUnknown,
     HostUnreachable,
@@ -211,3 +212,17 @@ def test_deploy_agent_ships_the_files_side_by_side(sshd: TestSshd, tmp_path: Pat
         assert deployed == str(remote_dir)
         assert session.run(f"python3 {deployed}/agent.py", 10).stdout == "agent\n"
     assert (remote_dir / "protocol.py").read_text() == "VERSION = 1\n"
+
+
+def test_failed_uploads_name_the_file_and_the_reason(sshd: TestSshd, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    local = tmp_path / "payload"
+    local.write_text("x")
+    with connect(target_for(sshd)) as session:
+        with pytest.raises(SshError, match=f"cannot upload {tmp_path / 'missing'} to 127.0.0.1:{sshd.port}:"):
+            session.put(tmp_path / "missing", str(tmp_path / "dest"))
+        with pytest.raises(SshError, match=f"cannot upload {local} to 127.0.0.1:{sshd.port}:{blocker}/sub/x"):
+            session.put(local, str(blocker / "sub" / "x"))
+        session.put(local, str(tmp_path / "ok"))  # the session is still usable
+    assert (tmp_path / "ok").read_text() == "x"

@@ -313,7 +313,10 @@ class CommandResult(NamedTuple):
 
 
 class SshSession:
-    """An authenticated connection to one node. Thread-safe: channels are independent."""
+    """An authenticated connection to one node.
+
+    Thread-safe: commands and streams use independent channels; SFTP transfers take turns.
+    """
 
     def __init__(self, target: SshTarget, client: paramiko.SSHClient) -> None:
         self.target = target
@@ -381,21 +384,26 @@ class SshSession:
 
         ``remote_path`` may start with ``~/`` (the login's home). Returns the absolute remote path.
         """
-        sftp = self._sftp_client()
         path = _sftp_path(remote_path)
-        directory = posixpath.dirname(path)
-        if directory:
-            self._makedirs(sftp, directory)
         staging = f"{path}.part-{os.getpid()}-{threading.get_ident()}"
-        try:
-            sftp.put(os.fspath(local_path), staging)
-            sftp.chmod(staging, mode)
-            sftp.posix_rename(staging, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                sftp.remove(staging)
-            raise
-        return sftp.normalize(path)
+        with self._sftp_lock:  # one SFTP conversation at a time on this connection
+            sftp = self._sftp_client()
+            try:
+                directory = posixpath.dirname(path)
+                if directory:
+                    self._makedirs(sftp, directory)
+                sftp.put(os.fspath(local_path), staging)
+                sftp.chmod(staging, mode)
+                sftp.posix_rename(staging, path)
+            except BaseException as exc:
+                with contextlib.suppress(OSError):
+                    sftp.remove(staging)
+                if isinstance(exc, OSError):
+                    raise SshError(
+                        f"cannot upload {local_path} to {self.target.address}:{remote_path}: {exc}"
+                    ) from exc
+                raise
+            return sftp.normalize(path)
 
     def deploy_agent(
         self,
@@ -409,7 +417,8 @@ class SshSession:
         """
         for local in files if files is not None else agent_files():
             self.put(local, posixpath.join(remote_dir, Path(local).name), mode=0o644)
-        return self._sftp_client().normalize(_sftp_path(remote_dir))
+        with self._sftp_lock:
+            return self._sftp_client().normalize(_sftp_path(remote_dir))
 
     def open_stream(self, command: str) -> SshTransport:
         """Start ``command`` on a new channel and return its stdin/stdout as a Transport.
@@ -448,15 +457,15 @@ class SshSession:
             raise SshError(f"cannot open a channel to {self.target.address}: {exc}") from exc
 
     def _sftp_client(self) -> paramiko.SFTPClient:
-        with self._sftp_lock:
+        """The connection's SFTP client, opened on first use; call with ``_sftp_lock`` held."""
+        if self._sftp is None:
+            transport = self._client.get_transport()
+            if self._closed or transport is None or not transport.is_active():
+                raise SshError(f"SSH connection to {self.target.address} is closed")
+            self._sftp = paramiko.SFTPClient.from_transport(transport)
             if self._sftp is None:
-                transport = self._client.get_transport()
-                if transport is None:
-                    raise SshError(f"SSH connection to {self.target.address} is closed")
-                self._sftp = paramiko.SFTPClient.from_transport(transport)
-                if self._sftp is None:
-                    raise SshError(f"{self.target.address} refused the SFTP subsystem")
-            return self._sftp
+                raise SshError(f"{self.target.address} refused the SFTP subsystem")
+        return self._sftp
 
     @staticmethod
     def _makedirs(sftp: paramiko.SFTPClient, directory: str) -> None:
