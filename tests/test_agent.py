@@ -414,3 +414,14 @@ def test_a_new_master_connection_replaces_the_old_one(agent_dir):
     assert results[("t", 1)].stdout_tail == "still-served\n"
     old.close()
     new.close()
+
+
+def test_what_a_task_leaves_behind_in_its_group_is_killed_when_it_exits(agent_dir, tmp_path):
+    pid_file = tmp_path / "background.pid"
+    client = connect(agent_dir)
+    client.submit([Run("leaver", 1, f"sleep 30 & echo $! > {pid_file}; exit 0")])
+    results, _ = results_until(client, 1)
+    assert results[("leaver", 1)].ok
+    background = int(pid_file.read_text())
+    assert wait_until(lambda: _is_zombie(background), 2.0)
+    client.close()

@@ -450,7 +450,7 @@ class Agent:
             self._listener.close()
             for name in (SOCKET_NAME, PID_NAME):
                 try:
-                    os.unlink(name)
+                    os.unlink(os.path.join(self.state_dir, name))
                 except FileNotFoundError:
                     pass
         log("stopped")
@@ -622,7 +622,7 @@ class Agent:
         env.update(BROKER_TASK=run.task, BROKER_ATTEMPT=str(run.attempt), BROKER_AGENT_DIR=self.state_dir)
         cwd = run.cwd or self._home
         try:
-            os.chdir(cwd)  # posix_spawn has no chdir; the agent is single-threaded
+            os.chdir(cwd)  # posix_spawn has no chdir, so the agent (one thread) moves; its own paths are absolute
         except OSError as exc:
             why = f"cannot enter the working directory {cwd}: {exc.strerror}"
             self._record(wire.Result(run.task, run.attempt, None, 0.0, error=why))
@@ -652,8 +652,6 @@ class Agent:
                     os.unlink(path)
             self._record(wire.Result(run.task, run.attempt, None, 0.0, error=f"could not start: {exc}"))
             return
-        finally:
-            os.chdir(self.state_dir)
         task = _Task(run, pid, started_at, fds[0], fds[1], out_path, err_path)
         self._running[task.key] = task
         self._by_pid[pid] = task

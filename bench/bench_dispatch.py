@@ -1,0 +1,157 @@
+"""Dispatch throughput of no-op tasks through worker agents: tasks/s and per-task overhead.
+
+    python3 bench/bench_dispatch.py                      # 1, 4 and 16 local agents, 4 slots each
+    python3 bench/bench_dispatch.py --tasks 20000 --slots 8 --agents 1,2,4 --command true
+
+Each row starts that many local agents (``attach_local_agent``: the same detached daemon
+and attach bridge an SSH node runs), keeps ``window`` Runs in flight per agent (twice its
+slots: a slot never waits for the master), acknowledges Results in batches, and times the
+whole bag from the first submit to the last Result. Figures:
+
+- tasks/s            completed no-op tasks per second of wall time;
+- wall ms/task       1000 / tasks/s;
+- slot-ms/task       total slots x wall time / tasks: what one task costs a slot beyond its
+                     own runtime, the figure to weigh against a bag's task lengths;
+- x spawn-only       throughput relative to a tight posix_spawn+wait loop of the same
+                     command in one process (the fork/exec floor of this machine).
+
+Hook for other transports (the SSH rows): :func:`run_dispatch` takes any list of
+``Transport`` objects whose far ends are agents, e.g. ``SshSession.open_stream(...)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import queue
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from broker.shells.agent_client import AgentClient, NodeLost  # noqa: E402
+from broker.shells.local_transport import attach_local_agent, stop_local_agent  # noqa: E402
+from broker.shells.transport import Transport  # noqa: E402
+from workers.protocol import Result, Run  # noqa: E402
+
+
+@dataclass(frozen=True)
+class DispatchFigures:
+    agents: int
+    slots: int  # over all agents
+    tasks: int
+    wall_s: float
+    failed: int
+
+    @property
+    def tasks_per_s(self) -> float:
+        return self.tasks / self.wall_s
+
+    @property
+    def wall_ms_per_task(self) -> float:
+        return 1000.0 * self.wall_s / self.tasks
+
+    @property
+    def slot_ms_per_task(self) -> float:
+        return 1000.0 * self.slots * self.wall_s / self.tasks
+
+
+def run_dispatch(transports: list[Transport], n_tasks: int, command: str = ":", window_per_slot: int = 2) -> DispatchFigures:
+    """Run ``n_tasks`` copies of ``command`` over the agents behind ``transports``; time it."""
+    inbox: queue.Queue = queue.Queue()
+    clients = {f"agent-{i}": AgentClient(t, f"agent-{i}", inbox=inbox) for i, t in enumerate(transports)}
+    windows = {name: window_per_slot * c.hello.slots for name, c in clients.items()}
+    total_slots = sum(c.hello.slots for c in clients.values())
+    next_task = 0
+    in_flight: dict[str, int] = defaultdict(int)
+
+    def top_up(name: str) -> None:
+        nonlocal next_task
+        count = min(windows[name] - in_flight[name], n_tasks - next_task)
+        if count > 0:
+            clients[name].submit([Run(f"t{next_task + i}", 1, command) for i in range(count)])
+            next_task += count
+            in_flight[name] += count
+
+    started = time.perf_counter()
+    for name in clients:
+        top_up(name)
+    done = failed = 0
+    while done < n_tasks:
+        batch = [inbox.get()]
+        while True:  # take everything that has arrived: one ack and one submit per agent
+            try:
+                batch.append(inbox.get_nowait())
+            except queue.Empty:
+                break
+        finished: dict[str, list] = defaultdict(list)
+        for name, event in batch:
+            if isinstance(event, Result):
+                finished[name].append((event.task, event.attempt))
+                failed += not event.ok
+            elif isinstance(event, NodeLost):
+                raise RuntimeError(f"{name} was lost during the benchmark: {event.reason}")
+        for name, keys in finished.items():
+            done += len(keys)
+            in_flight[name] -= len(keys)
+            clients[name].ack(keys)
+            top_up(name)
+    wall_s = time.perf_counter() - started
+    for client in clients.values():
+        client.shutdown(drain=True)
+    for client in clients.values():
+        client.wait_closed(10.0)
+    return DispatchFigures(len(clients), total_slots, n_tasks, wall_s, failed)
+
+
+def local_dispatch(agents: int, slots: int, n_tasks: int, command: str) -> DispatchFigures:
+    with tempfile.TemporaryDirectory(prefix="bk-bench-") as root:
+        dirs = [Path(root) / f"a{i}" for i in range(agents)]
+        try:
+            return run_dispatch([attach_local_agent(d, slots) for d in dirs], n_tasks, command)
+        finally:
+            for d in dirs:
+                stop_local_agent(d)
+
+
+def spawn_only_rate(command: str, n: int = 1000) -> float:
+    """Tasks/s of a serial posix_spawn + wait loop: the machine's fork/exec floor."""
+    env = dict(os.environ)
+    started = time.perf_counter()
+    for _ in range(n):
+        pid = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", command], env, setpgroup=0)
+        os.waitpid(pid, 0)
+    return n / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=5000)
+    parser.add_argument("--slots", type=int, default=4, help="slots per agent")
+    parser.add_argument("--agents", default="1,4,16", help="comma-separated agent counts, one row each")
+    parser.add_argument("--command", default=":")
+    args = parser.parse_args()
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # keep info lines out
+    spawn_rate = spawn_only_rate(args.command)
+    print(f"python3 {' '.join(sys.argv)}")
+    print(f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}")
+    print(f"spawn-only floor: {spawn_rate:,.0f} tasks/s ('/bin/sh -c {args.command}', posix_spawn + wait, serial)")
+    print(f"{'agents':>6} {'slots':>6} {'tasks':>7} {'wall s':>7} {'tasks/s':>9} {'wall ms/task':>13} {'slot-ms/task':>13} {'x spawn-only':>13} {'failed':>6}")
+    for agents in (int(a) for a in args.agents.split(",")):
+        f = local_dispatch(agents, args.slots, args.tasks, args.command)
+        print(
+            f"{f.agents:>6} {f.slots:>6} {f.tasks:>7} {f.wall_s:>7.2f} {f.tasks_per_s:>9,.0f} "
+            f"{f.wall_ms_per_task:>13.3f} {f.slot_ms_per_task:>13.3f} {f.tasks_per_s / spawn_rate:>13.2f} {f.failed:>6}"
+        )
+
+
+if __name__ == "__main__":
+    main()
