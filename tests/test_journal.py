@@ -333,3 +333,36 @@ def test_events_are_kept_in_order_and_filterable(tmp_path):
     journal.record_event("plan.solved", {"makespan_s": 8}, at_s=3.0)
     assert [f["makespan_s"] for _, _, f in journal.events("plan.solved")] == [10, 8]
     assert [name for _, name, _ in journal.events()] == ["plan.solved", "task.done", "plan.solved"]
+
+
+# -- batches -----------------------------------------------------------------------------------
+
+def test_a_batch_is_one_transaction_invisible_to_readers_until_it_ends(tmp_path):
+    journal = new_journal(tmp_path, n_tasks=3)
+    reader = Journal.open(tmp_path / "run", readonly=True)
+    with journal.batch():
+        journal.task_started("t0", 1, "n")
+        journal.task_finished("t0", 1, OK)
+        assert journal.status(0.0)["tasks"]["done"] == 1  # the batch sees its own writes
+        assert reader.status(0.0)["tasks"]["done"] == 0  # nobody else does yet
+        with pytest.raises(JournalError, match="do not nest"):
+            with journal.batch():
+                pass
+    assert reader.status(0.0)["tasks"]["done"] == 1
+
+
+def test_a_failing_call_in_a_batch_is_undone_alone_and_an_escaping_error_undoes_all(tmp_path):
+    journal = new_journal(tmp_path, n_tasks=3)
+    with journal.batch():
+        journal.task_finished("t0", 1, OK)
+        with pytest.raises(JournalError):
+            journal.add_tasks([Task("fresh", "true"), Task("t1", "duplicate")])
+        journal.task_finished("t1", 1, OK)
+    assert journal.status(0.0)["tasks"] == {"total": 3, "done": 2, "running": 0, "failed": 0, "left": 1}
+    with pytest.raises(RuntimeError):
+        with journal.batch():
+            journal.task_finished("t2", 1, OK)
+            journal.intend("launch", {}, "test")
+            raise RuntimeError("daemon bug")
+    assert journal.status(0.0)["tasks"]["done"] == 2
+    assert journal.pending_intents() == []

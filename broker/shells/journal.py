@@ -106,11 +106,13 @@ CREATE TABLE tasks (
     attempts     INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),  -- highest attempt started
     failures     INTEGER NOT NULL DEFAULT 0 CHECK (failures >= 0),  -- attempts ended unsuccessfully
     done_attempt INTEGER,                           -- the attempt whose result counts
-    sample_order INTEGER UNIQUE,                    -- draw order when drawn as a sample
+    sample_order INTEGER,                           -- draw order when drawn as a sample
     note         TEXT,                              -- why failed / quarantined / cancelled
     CHECK ((state = 'done') = (done_attempt IS NOT NULL))
 );
 CREATE INDEX tasks_by_state ON tasks (state);
+-- Partial: only drawn samples carry an entry, so a 100,000-task insert does not pay for NULLs.
+CREATE UNIQUE INDEX tasks_by_sample_order ON tasks (sample_order) WHERE sample_order IS NOT NULL;
 
 CREATE TABLE attempts (
     id          INTEGER PRIMARY KEY,
@@ -341,8 +343,9 @@ def _billing(unit_s: float, minimum_s: float) -> Billing:
     return Billing.custom(unit_s, minimum_s)
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+# One encoder for every JSON column: built once, it spares json.dumps's per-call set-up
+# (a third of the cost of inserting 100,000 tasks).
+_json = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str).encode
 
 
 def _json_or_null(mapping: Mapping[str, Any]) -> str | None:
@@ -358,6 +361,7 @@ class Journal:
         self.readonly = readonly
         self._clock = clock
         self._lock = threading.RLock()
+        self._in_batch = False
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
@@ -447,26 +451,63 @@ class Journal:
     # -- transactions ----------------------------------------------------------------------
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
+        """One call's writes, all or nothing: a transaction, or a savepoint inside a batch."""
         if self.readonly:
             raise JournalError(f"{self.path} was opened read-only")
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            begin, commit, rollback = (
+                ("SAVEPOINT call", "RELEASE call", "ROLLBACK TO call; RELEASE call")
+                if self._in_batch
+                else ("BEGIN IMMEDIATE", "COMMIT", "ROLLBACK")
+            )
+            self._db.execute(begin)
             try:
                 yield self._db
             except BaseException:
-                self._db.execute("ROLLBACK")
+                for statement in rollback.split("; "):
+                    self._db.execute(statement)
                 raise
-            self._db.execute("COMMIT")
+            self._db.execute(commit)
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
-        """One consistent snapshot for several SELECTs."""
+        """One consistent snapshot for several SELECTs (inside a batch: the batch's own view)."""
         with self._lock:
+            if self._in_batch:
+                yield self._db
+                return
             self._db.execute("BEGIN")
             try:
                 yield self._db
             finally:
                 self._db.execute("COMMIT")
+
+    @contextmanager
+    def batch(self) -> Iterator["Journal"]:
+        """Group many calls into one transaction, hence one fsync: for bursts of results.
+
+        Each call inside stays all or nothing (a savepoint), and a call that raises leaves
+        the others intact if the caller catches the error. The block as a whole is all or
+        nothing: an exception out of it rolls everything back, and nothing is durable until
+        it ends, so never carry out an action whose intent was written inside a batch
+        before the batch has ended. Other threads wait for the batch; batches do not nest.
+        """
+        if self.readonly:
+            raise JournalError(f"{self.path} was opened read-only")
+        with self._lock:
+            if self._in_batch:
+                raise JournalError("journal batches do not nest")
+            self._db.execute("BEGIN IMMEDIATE")
+            self._in_batch = True
+            try:
+                yield self
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            else:
+                self._db.execute("COMMIT")
+            finally:
+                self._in_batch = False
 
     def _now(self, at_s: float | None) -> float:
         return self._clock() if at_s is None else float(at_s)
