@@ -46,7 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object (for scripts)")
     parser.add_argument("--watch", action="store_true", help="refresh until the run ends or Ctrl-C")
     parser.add_argument(
-        "--interval", metavar="S", help=f"refresh period for --watch, e.g. 2s or 1m (default {DEFAULT_INTERVAL_S:g}s)"
+        "--interval",
+        metavar="S",
+        help=f"refresh period for --watch, e.g. 2s or 1m (default {DEFAULT_INTERVAL_S:g}s)",
     )
     parser.set_defaults(func=run)
 
@@ -158,7 +160,8 @@ def _plan_line(overview: Overview) -> str:
         parts.append(f"confidence {100 * plan.confidence:.0f}%")
     eta = overview.eta_at_s
     if eta is not None and overview.run is not None and overview.run.state == "running":
-        parts.append(f"ETA in {format_duration(eta - overview.now_s)}" if eta >= overview.now_s else "ETA passed")
+        left_s = eta - overview.now_s
+        parts.append(f"ETA in {format_duration(left_s)}" if left_s >= 0 else "ETA passed")
     return ", ".join(parts)
 
 

@@ -14,8 +14,9 @@ Durability and concurrency
 - ``PRAGMA synchronous=FULL``: every commit is fsynced before the call returns. In WAL mode
   ``NORMAL`` already survives a killed *process*, but after a power loss or kernel panic it
   may roll back the last commits; for an intent log that would forget an intent whose EC2
-  call went through (an instance paid for and not known). An fsync costs ~0.25 ms here
-  (bench/bench_journal.py), against one commit per action or result: cheap insurance.
+  call went through (an instance paid for and not known). A commit costs ~0.25 ms on a quiet
+  disk here and a few ms on a busy one (bench/bench_journal.py); actions are few, and a burst
+  of task results shares one commit through :meth:`Journal.batch`.
 - Every public method is one short transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``); readers
   take one snapshot per call, so the counts they return always add up.
 - One writer thread is assumed; a lock makes calls from a second thread (a scheduler job)
@@ -616,7 +617,8 @@ class Journal:
             for task_id in task_ids:
                 order += 1
                 cur = db.execute(
-                    "UPDATE tasks SET sample_order = ? WHERE id = ? AND sample_order IS NULL", (order, task_id)
+                    "UPDATE tasks SET sample_order = ? WHERE id = ? AND sample_order IS NULL",
+                    (order, task_id),
                 )
                 if cur.rowcount != 1:
                     raise JournalError(f"task {task_id!r} is unknown or was already drawn as a sample")
@@ -683,9 +685,11 @@ class Journal:
                 db.execute(
                     "INSERT INTO attempts (task_id, attempt, node, ended_at, outcome, exit_code, runtime_s,"
                     " timed_out, stdout_tail, stderr_tail, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (task_id, int(attempt), node or "?") + fields,
+                    (task_id, int(attempt), node or "unknown") + fields,
                 )
-                db.execute("UPDATE tasks SET attempts = max(attempts, ?) WHERE id = ?", (int(attempt), task_id))
+                db.execute(
+                    "UPDATE tasks SET attempts = max(attempts, ?) WHERE id = ?", (int(attempt), task_id)
+                )
             else:
                 db.execute(
                     "UPDATE attempts SET ended_at = ?, outcome = ?, exit_code = ?, runtime_s = ?,"
@@ -739,7 +743,8 @@ class Journal:
             task_ids = [
                 r[0]
                 for r in db.execute(
-                    "SELECT task_id FROM attempts WHERE node = ? AND outcome = 'running' ORDER BY task_id", (node,)
+                    "SELECT task_id FROM attempts WHERE node = ? AND outcome = 'running' ORDER BY task_id",
+                    (node,),
                 )
             ]
             db.execute(
@@ -760,7 +765,8 @@ class Journal:
         with self._write() as db:
             self._require_task(db, task_id)
             cur = db.execute(
-                "UPDATE tasks SET state = 'quarantined', note = ? WHERE id = ? AND state NOT IN ('done', 'quarantined')",
+                "UPDATE tasks SET state = 'quarantined', note = ?"
+                " WHERE id = ? AND state NOT IN ('done', 'quarantined')",
                 (reason, task_id),
             )
             return cur.rowcount == 1
@@ -792,7 +798,8 @@ class Journal:
         (pending, running, sampling) with no attempt left running goes to pending while
         failures <= retries, else to failed."""
         db.execute(
-            "UPDATE tasks SET state = CASE WHEN failures > (SELECT retries FROM run) THEN 'failed' ELSE 'pending' END"
+            "UPDATE tasks SET state ="
+            " CASE WHEN failures > (SELECT retries FROM run) THEN 'failed' ELSE 'pending' END"
             " WHERE id = ? AND state IN ('pending', 'running', 'sampling')"
             " AND NOT EXISTS (SELECT 1 FROM attempts WHERE task_id = ? AND outcome = 'running')",
             (task_id, task_id),
@@ -816,7 +823,8 @@ class Journal:
             return [
                 RunningAttempt(*row)
                 for row in db.execute(
-                    "SELECT task_id, attempt, node, started_at FROM attempts WHERE outcome = 'running' ORDER BY id"
+                    "SELECT task_id, attempt, node, started_at FROM attempts"
+                    " WHERE outcome = 'running' ORDER BY id"
                 )
             ]
 
@@ -841,7 +849,8 @@ class Journal:
     def _close_action(self, action_id: int, state: str, outcome: Any, at_s: float | None) -> bool:
         with self._write() as db:
             cur = db.execute(
-                "UPDATE actions SET state = ?, outcome = ?, completed_at = ? WHERE seq = ? AND state = 'intended'",
+                "UPDATE actions SET state = ?, outcome = ?, completed_at = ?"
+                " WHERE seq = ? AND state = 'intended'",
                 (state, _json(outcome), self._now(at_s), int(action_id)),
             )
             if cur.rowcount == 1:
@@ -856,7 +865,8 @@ class Journal:
             return [
                 Intent(seq, kind, json.loads(payload), cause, created_at)
                 for seq, kind, payload, cause, created_at in db.execute(
-                    "SELECT seq, kind, payload, cause, created_at FROM actions WHERE state = 'intended' ORDER BY seq"
+                    "SELECT seq, kind, payload, cause, created_at FROM actions"
+                    " WHERE state = 'intended' ORDER BY seq"
                 )
             ]
 
@@ -928,7 +938,8 @@ class Journal:
                 "UPDATE instances SET release_at = ? WHERE id = ? AND state <> 'terminated'",
                 (release_at_s, instance_id),
             )
-            if cur.rowcount == 0 and db.execute("SELECT 1 FROM instances WHERE id = ?", (instance_id,)).fetchone() is None:
+            known = db.execute("SELECT 1 FROM instances WHERE id = ?", (instance_id,)).fetchone()
+            if known is None:
                 raise JournalError(f"unknown instance {instance_id!r}")
             return cur.rowcount == 1
 
@@ -938,13 +949,19 @@ class Journal:
             raise JournalError(f"instance state must be one of {', '.join(INSTANCE_STATES)}, got {state!r}")
 
     def record_private_node(
-        self, name: str, *, slots: int, speed: float = 1.0, cost_per_hour: float = 0.0, at_s: float | None = None
+        self,
+        name: str,
+        *,
+        slots: int,
+        speed: float = 1.0,
+        cost_per_hour: float = 0.0,
+        at_s: float | None = None,
     ) -> bool:
         """A private node joined the run; its cost accrues from now to the run's end."""
         with self._write() as db:
             cur = db.execute(
-                "INSERT INTO private_nodes (name, slots, speed, cost_per_hour, joined_at) VALUES (?, ?, ?, ?, ?)"
-                " ON CONFLICT (name) DO NOTHING",
+                "INSERT INTO private_nodes (name, slots, speed, cost_per_hour, joined_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
                 (name, int(slots), float(speed), float(cost_per_hour), self._now(at_s)),
             )
             return cur.rowcount == 1
@@ -1025,12 +1042,15 @@ class Journal:
         if row is None:
             return None
         seq, created, makespan, cost, confidence, fleet, chosen, reason = row
-        return PlanRecord(seq, created, makespan, cost, confidence, json.loads(fleet), json.loads(chosen), reason)
+        return PlanRecord(
+            seq, created, makespan, cost, confidence, json.loads(fleet), json.loads(chosen), reason
+        )
 
     def record_event(self, name: str, fields: Mapping[str, Any], *, at_s: float | None = None) -> None:
         with self._write() as db:
             db.execute(
-                "INSERT INTO events (at, name, fields) VALUES (?, ?, ?)", (self._now(at_s), name, _json(dict(fields)))
+                "INSERT INTO events (at, name, fields) VALUES (?, ?, ?)",
+                (self._now(at_s), name, _json(dict(fields))),
             )
 
     def events(self, name: str | None = None) -> list[tuple[float, str, dict[str, Any]]]:
@@ -1062,7 +1082,8 @@ class Journal:
         done = states["done"]
         failed = states["failed"] + states["quarantined"]
         alive, terminated = db.execute(
-            "SELECT coalesce(sum(state <> 'terminated'), 0), coalesce(sum(state = 'terminated'), 0) FROM instances"
+            "SELECT coalesce(sum(state <> 'terminated'), 0), coalesce(sum(state = 'terminated'), 0)"
+            " FROM instances"
         ).fetchone()
         budget = db.execute("SELECT budget_usd FROM run").fetchone()
         return {
