@@ -1,7 +1,6 @@
 """Subset-sum FPTAS (thesis Algorithms 4, 6) against brute force, and the rearrangement
 (Algorithm 5): never dearer, never a new billing unit."""
 
-import itertools
 
 import numpy as np
 import pytest

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from broker.core.billing import Billing
 from broker.core.model import MachineType, PrivateNode
@@ -29,6 +29,8 @@ def test_targets_say_when_the_horizon_cannot_hold_the_work():
     bins = [Bin("a", "t", 2, 1.0, 0.1), Bin("b", "t", 1, 1.0, 0.2)]
     targets = workload_targets(bins, 1e9, 100.0)
     assert targets == pytest.approx([200.0, 100.0])  # everything full, the rest is the caller's
+    with pytest.raises(ValueError, match="3 horizons given for 2 machines"):
+        workload_targets(bins, 1.0, [1.0, 2.0, 3.0])
 
 
 def test_targets_accept_machine_types_and_per_machine_horizons():

@@ -104,8 +104,8 @@ def approx_subset_sum(sizes: np.ndarray, target: float, eps: float) -> tuple[flo
     origins: list[np.ndarray] = []  # per step: 2 * parent index + (1 if the item was added)
     for size in sizes[candidates].tolist():
         merged = np.concatenate((sums, sums + size))
-        codes = np.arange(merged.size, dtype=np.int64)
-        codes = np.concatenate((2 * codes[:sums.size], 2 * codes[:sums.size] + 1))
+        parents = np.arange(sums.size, dtype=np.int64)
+        codes = np.concatenate((2 * parents, 2 * parents + 1))
         order = np.argsort(merged, kind="stable")  # two sorted runs: a linear merge
         order = order[:np.searchsorted(merged[order], target, side="right")]
         kept = order[trim(merged[order], delta)]

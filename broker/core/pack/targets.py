@@ -48,7 +48,11 @@ def workload_targets(machines: Sequence[RatedMachine], total_ref_s: float,
     """
     if not (total_ref_s >= 0 and math.isfinite(total_ref_s)):
         raise ValueError(f"total work must be a finite number >= 0 reference seconds, got {total_ref_s!r}")
-    horizons = np.broadcast_to(np.asarray(horizon_s, dtype=float), (len(machines),))
+    horizons = np.asarray(horizon_s, dtype=float)
+    if horizons.ndim and horizons.shape != (len(machines),):
+        raise ValueError(f"{horizons.size} horizons given for {len(machines)} machines: "
+                         "give one for all or one per machine")
+    horizons = np.broadcast_to(horizons, (len(machines),))
     if (horizons < 0).any() or np.isnan(horizons).any():
         raise ValueError(f"horizons must be >= 0 seconds, got {horizon_s!r}")
     order = np.argsort([-_efficiency(m) for m in machines], kind="stable")
