@@ -226,3 +226,16 @@ def test_failed_uploads_name_the_file_and_the_reason(sshd: TestSshd, tmp_path: P
             session.put(local, str(blocker / "sub" / "x"))
         session.put(local, str(tmp_path / "ok"))  # the session is still usable
     assert (tmp_path / "ok").read_text() == "x"
+
+
+def test_a_missing_sshd_fails_under_ci_and_skips_elsewhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import tests.sshd
+    from tests.sshd_fixtures import require_sshd
+
+    monkeypatch.setattr(tests.sshd, "SSHD_BINARY", str(tmp_path / "no-sshd-here"))
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI must run the SSH integration tests.*apt-get install"):
+        require_sshd()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="no-sshd-here not found"):
+        require_sshd()
