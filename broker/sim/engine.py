@@ -41,6 +41,7 @@ class SimWorkload:
     runtimes_ref_s: np.ndarray
     estimates_ref_s: np.ndarray | None = None
     prior_mean_ref_s: float | None = None  # what sampling/a hint says before anything ran
+    prior_sd_ref_s: float | None = None
     name: str = "workload"
 
 
@@ -170,10 +171,18 @@ class Simulation:
         self._live_instances = 0
         self._dirty_nodes: set[str] = set()
         self._live: dict[str, _Node] = {}
+        self._cloud_live: dict[str, _Node] = {}
+        self._views: dict[str, NodeView] = {}
+        self._free: dict[str, NodeView] = {}
+        self._dirty: set[str] = set()
+        self._billing_heap: list[tuple[float, str]] = []
+        self._running = 0
+        self._copies: dict[str, set[tuple[str, int]]] = {}  # task -> running (node, slot)
         for p in inventory.private:
             node = _Node(p.name, p.slots, p.speed, p.speed)
             self.nodes[p.name] = node
             self._live[p.name] = node
+            self._touch(node)
 
     # -- event queue -------------------------------------------------------------------------
     def _push(self, t: float, kind: int, data) -> None:
@@ -181,6 +190,11 @@ class Simulation:
         heapq.heappush(self.heap, (t, kind, self._seq, data))
 
     # -- world -> snapshot -------------------------------------------------------------------
+    def _touch(self, node: _Node) -> None:
+        """The node changed: rebuild its view and its free-slot membership on next snapshot."""
+        node.view = None
+        self._dirty.add(node.id)
+
     def _view(self, node: _Node) -> NodeView:
         if node.view is None:
             running = tuple(
@@ -198,30 +212,48 @@ class Simulation:
         return node.view
 
     def _refresh_billing(self, node: _Node) -> None:
-        if node.type is not None and node.terminated_at is None and self.now > node.paid_until - 1e-9:
+        if node.type is not None and node.terminated_at is None and self.now > node.paid_until + 1e-6:
             b = node.type.billing
             node.paid_until = b.paid_until(node.launched_at, self.now)
             node.charged_usd = b.cost_usd(self.now - node.launched_at, node.type.price_per_hour)
-            node.view = None
+            self._touch(node)
+            heapq.heappush(self._billing_heap, (node.paid_until, node.id))
+
+    def _advance_billing(self) -> None:
+        """Charge the next unit of every instance whose paid time the clock has passed."""
+        h = self._billing_heap
+        while h and h[0][0] + 1e-6 < self.now:
+            _, node_id = heapq.heappop(h)
+            node = self.nodes[node_id]
+            if node.terminated_at is None:
+                self._refresh_billing(node)
 
     def committed_usd(self) -> float:
-        total = self.committed_closed
-        for node in self._live.values():
-            if node.type is not None:
-                self._refresh_billing(node)
-                total += node.charged_usd
-        return total
+        self._advance_billing()
+        return self.committed_closed + sum(n.charged_usd for n in self._cloud_live.values())
 
     def snapshot(self) -> Snapshot:
-        live = []
-        for node in self._live.values():
-            self._refresh_billing(node)
-            live.append(self._view(node))
+        self._advance_billing()
+        for node_id in self._dirty:
+            node = self.nodes[node_id]
+            if node.terminated_at is not None:
+                self._views.pop(node_id, None)
+                self._free.pop(node_id, None)
+                continue
+            view = self._view(node)
+            self._views[node_id] = view
+            if len(node.running) < node.slots:
+                self._free[node_id] = view
+            else:
+                self._free.pop(node_id, None)
+        self._dirty.clear()
         return Snapshot(
-            now_s=self.now, types=self.types, nodes=tuple(live), pending=self.pool,
+            now_s=self.now, types=self.types, nodes=tuple(self._views.values()), pending=self.pool,
+            free_nodes=tuple(self._free.values()), running_count=self._running,
             tasks_total=len(self.ids), tasks_done=self.result.tasks_done, observations=self.obs,
             committed_usd=self.committed_usd(), started_at_s=0.0,
             prior_mean_ref_s=self.work.prior_mean_ref_s,
+            prior_sd_ref_s=self.work.prior_sd_ref_s,
             budget_usd=self.result.budget_usd,
         )
 
@@ -237,7 +269,7 @@ class Simulation:
                 node.release_at = max(a.at_s, self.now)
                 node.release_cause = a.cause
                 node.release_version += 1
-                node.view = None
+                self._touch(node)
                 self._push(node.release_at, RELEASE, (node.id, node.release_version))
             elif isinstance(a, Launch):
                 self._launch(a)
@@ -249,7 +281,7 @@ class Simulation:
 
     def _launch(self, a: Launch) -> None:
         t = self.types[a.type_name]
-        live_of_type = sum(1 for n in self.nodes.values() if n.type is t and n.terminated_at is None)
+        live_of_type = sum(1 for n in self._cloud_live.values() if n.type is t and n.terminated_at is None)
         count = min(a.count, max(0, t.limit - live_of_type))
         self.result.launches_refused += a.count - count
         for _ in range(count):
@@ -260,6 +292,7 @@ class Simulation:
                          launched_at=self.now, ready_at=self.now + t.boot_s)
             self.nodes[node.id] = node
             self._live[node.id] = node
+            self._cloud_live[node.id] = node
             self._refresh_billing(node)
             self._push(node.ready_at, READY, node.id)
             if math.isfinite(a.release_after_s):
@@ -293,19 +326,31 @@ class Simulation:
         else:
             node.running[a.slot.index] = (a.task_id, attempt, self.now, end)
             self._push(end, END, (node.id, a.slot.index, a.task_id, attempt))
-        node.view = None
+        self._running += 1
+        self._copies.setdefault(a.task_id, set()).add((node.id, a.slot.index))
+        self._touch(node)
         if a.cause == "sampling":
             self.result.samples += 1
 
     # -- events ------------------------------------------------------------------------------
+    def _stop_attempt(self, node: _Node, slot: int) -> tuple[str, int, float, float]:
+        r = node.running.pop(slot)
+        self._running -= 1
+        copies = self._copies.get(r[0])
+        if copies is not None:
+            copies.discard((node.id, slot))
+            if not copies:
+                del self._copies[r[0]]
+        self._touch(node)
+        return r
+
     def _on_end(self, data) -> bool:
         node_id, slot, task, attempt = data
         node = self.nodes[node_id]
         cur = node.running.get(slot)
         if cur is None or cur[0] != task or cur[1] != attempt:
             return False  # a cancelled replica or a killed attempt
-        del node.running[slot]
-        node.view = None
+        self._stop_attempt(node, slot)
         i = self.index[task]
         if self.done[i]:
             return True
@@ -315,21 +360,17 @@ class Simulation:
         runtime_ref = (self.now - cur[2]) * node.speed
         self.obs = self.obs.add(runtime_ref, None if self.est is None else float(self.est[i]))
         self.result.makespan_s = float(self.now)
-        # First result wins: cancel other copies.
-        for other in self._live.values():
-            for s, r in list(other.running.items()):
-                if r[0] == task:
-                    del other.running[s]
-                    other.view = None
-                    self.result.wasted_ref_s += (self.now - r[2]) * other.actual_speed
+        # First result wins: cancel the other copies.
+        for other_id, other_slot in list(self._copies.get(task, ())):
+            other = self.nodes[other_id]
+            r = self._stop_attempt(other, other_slot)
+            self.result.wasted_ref_s += (self.now - r[2]) * other.actual_speed
         return True
 
     def _requeue(self, task: str) -> None:
         i = self.index[task]
-        if self.done[i] or task in self.pool:
-            return
-        if any(r[0] == task for n in self._live.values() for r in n.running.values()):
-            return  # another copy still runs
+        if self.done[i] or task in self.pool or self._copies.get(task):
+            return  # done, already pending, or another copy still runs
         self.pool.add(task, None if self.est is None else float(self.est[i]))
 
     def _on_fail(self, data) -> bool:
@@ -338,8 +379,7 @@ class Simulation:
         cur = node.running.get(slot)
         if cur is None or cur[0] != task or cur[1] != attempt:
             return False
-        del node.running[slot]
-        node.view = None
+        self._stop_attempt(node, slot)
         self.result.wasted_ref_s += (self.now - cur[2]) * node.actual_speed
         self._requeue(task)
         return True
@@ -349,16 +389,17 @@ class Simulation:
         node = self.nodes[node_id]
         if node.terminated_at is not None or version != node.release_version:
             return False
+        self._advance_billing()
         paid = node.type.billing.paid_until(node.launched_at, self.now)
         self.result.releases.append({
             "instance": node.id, "type": node.type.name, "at_s": self.now, "paid_until_s": paid,
             "cause": node.release_cause, "launched_at_s": node.launched_at,
         })
-        killed = list(node.running.values())
-        node.running.clear()
+        killed = [self._stop_attempt(node, slot) for slot in list(node.running)]
         node.terminated_at = self.now
+        self._touch(node)
         self._live.pop(node.id, None)
-        node.view = None
+        self._cloud_live.pop(node.id, None)
         self._live_instances -= 1
         self.committed_closed += node.type.billing.cost_usd(self.now - node.launched_at, node.type.price_per_hour)
         for task, _att, start, _end in killed:
@@ -392,7 +433,7 @@ class Simulation:
                     tick = True
                 elif k == READY:
                     changed = True
-                    self.nodes[d].view = None
+                    self._touch(self.nodes[d])
                 elif k == END:
                     changed |= self._on_end(d)
                 elif k == FAIL:
@@ -412,9 +453,9 @@ class Simulation:
                     self.result.planned_cost_usd = self.memory.planned_cost_usd
                 self._apply(decision.actions)
             if tick:
-                busy = any(node.running for node in self.nodes.values())
-                alive = any(node.terminated_at is None and (node.type is None or node.release_at is None
-                            or node.release_at > self.now) for node in self.nodes.values())
+                busy = self._running > 0
+                alive = any(node.type is None or node.release_at is None or node.release_at > self.now
+                            for node in self._live.values())
                 idle_ticks = 0 if (busy or alive) else idle_ticks + 1
                 if idle_ticks > 3:
                     break  # nothing can make progress (budget exhausted, no private nodes)

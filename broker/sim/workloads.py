@@ -112,9 +112,10 @@ def build_workload(spec: dict, seed: int, *, tasks: int | None = None, name: str
         estimates = runtimes * (1.0 + rng.uniform(-err, err, n))
     prior = spec.get("prior", "exact" if estimates is None else "none")
     prior_mean = float(np.mean(runtimes)) if prior == "exact" else None
+    prior_sd = float(np.std(runtimes)) if prior == "exact" else None
     if estimates is not None and prior_mean is None:
-        prior_mean = float(np.mean(estimates))
-    return SimWorkload(runtimes, estimates, prior_mean, name or spec.get("name", "workload"))
+        prior_mean, prior_sd = float(np.mean(estimates)), float(np.std(estimates))
+    return SimWorkload(runtimes, estimates, prior_mean, prior_sd, name or spec.get("name", "workload"))
 
 
 def load_workload(path: str | Path, seed: int, tasks: int | None = None) -> SimWorkload:
@@ -162,4 +163,5 @@ def load_runtimes_csv(path: str | Path) -> SimWorkload:
     arr = np.asarray(runtimes)
     est = np.asarray(estimates) if estimates else None
     prior = float(est.mean()) if est is not None else None
-    return SimWorkload(arr, est, prior, p.stem)
+    prior_sd = float(est.std()) if est is not None else None
+    return SimWorkload(arr, est, prior, prior_sd, p.stem)

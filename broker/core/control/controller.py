@@ -51,11 +51,13 @@ class ControllerConfig:
     margin_s: float = 120.0  # release this long before paid-until (above terminate latency)
     replan_every_s: float = 900.0
     replan_drift: float = 0.05  # re-plan early when remaining work drifts this much from the plan
+    min_replan_gap_s: float = 300.0  # ... but not more often than this
     scale_down_ticks: int = 3
     confidence_z: float = 1.645
     replicate: bool = True
     min_samples: int = 30  # sampling phase length when nothing is known about runtimes
-    fit_safety: float = 1.0  # a task fits when estimate x this <= time to release x speed
+    fit_safety: float = 1.0  # a task with an estimate fits when estimate x this <= time to release x speed
+    fit_z: float = 1.28  # a task without one fits when mean + fit_z sd does (about its 90% quantile)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -77,8 +79,11 @@ class _Scratch:
     actions: list[Action] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     taken: set[str] = field(default_factory=set)
-    release: dict[str, float] = field(default_factory=dict)  # instance -> release after this decision
+    release: dict[str, float] = field(default_factory=dict)  # releases changed by this decision
     launched_usd: float = 0.0
+
+    def release_of(self, node: NodeView) -> float | None:
+        return self.release.get(node.id, node.release_at_s)
 
 
 class Controller:
@@ -92,10 +97,12 @@ class Controller:
     # ---------------------------------------------------------------------------------------
     def decide(self, snap: Snapshot, memory: Memory, now: float | None = None, rng=None, tick: bool = True) -> Decision:
         now = snap.now_s if now is None else now
-        s = _Scratch(release={n.id: n.release_at_s for n in snap.nodes if not n.is_private and n.release_at_s is not None})
+        s = _Scratch()
         if self._finish_or_stop(snap, now, s):
             return Decision(tuple(s.actions), memory, None, tuple(s.notes))
         mean = mean_estimate(snap)
+        if mean is not None:
+            mean = (mean, mean + self.config.fit_z * _sd_estimate(snap, mean))
         if mean is None or snap.observations.count < self._samples_needed(snap):
             memory = self._sample(snap, memory, now, rng, s)
             if mean is None:
@@ -109,7 +116,7 @@ class Controller:
 
     # -- pass 1 ------------------------------------------------------------------------------
     def _finish_or_stop(self, snap: Snapshot, now: float, s: _Scratch) -> bool:
-        nothing_left = len(snap.pending) == 0 and not any(n.running for n in snap.nodes)
+        nothing_left = len(snap.pending) == 0 and snap.count_running() == 0
         if not (nothing_left or snap.stopping):
             return False
         cause = "user_stop" if snap.stopping else "bag_done"
@@ -129,15 +136,15 @@ class Controller:
 
     def _sample(self, snap: Snapshot, memory: Memory, now: float, rng, s: _Scratch) -> Memory:
         """Random draws on every free ready slot until enough runtimes are observed."""
-        ready = [n for n in snap.nodes if n.ready(now)]
-        if not any(n.is_private for n in snap.nodes) and not any(not n.is_private for n in snap.nodes):
+        ready = [n for n in snap.nodes_with_free_slots() if n.ready(now)]
+        if not snap.nodes:
             cheapest = _most_efficient(snap.types.values())
             if cheapest is not None and cheapest.limit > 0:
                 life = cheapest.billing.billed_s(0)
                 if self._affordable(snap, s, cheapest, 1, life):
                     s.actions.append(Launch(cheapest.name, 1, "sampling_without_private_nodes", life))
                     s.launched_usd += cheapest.billing.cost_usd(life, cheapest.price_per_hour)
-        in_flight = sum(len(n.running) for n in snap.nodes)
+        in_flight = snap.count_running()
         wanted = self._samples_needed(snap) - snap.observations.count - in_flight
         for node in sorted(ready, key=lambda n: -n.speed):
             for slot in node.free_slots():
@@ -159,13 +166,14 @@ class Controller:
         policy = self.config.policy
         if policy != "broker":
             return self._baseline_fleet(snap, memory, now, rem, s)
-        due = (
-            memory.last_plan_at_s is None
-            or now - memory.last_plan_at_s >= self.config.replan_every_s - 1e-9
-            or self._drifted(snap, memory, now, rem)
+        since = math.inf if memory.last_plan_at_s is None else now - memory.last_plan_at_s
+        due = since >= self.config.replan_every_s - 1e-9 or (
+            since >= self.config.min_replan_gap_s - 1e-9 and self._drifted(snap, memory, now, rem)
         )
         if not due:
             return memory
+        if memory.budget_stopped and self._budget_left(snap, s, now) < self._cheapest_unit(snap):
+            return memory  # nothing more can be bought; dispatch goes on with what is paid
         memory = self._resolve_goal(snap, memory, now, rem)
         result = self._solve(snap, memory, now, rem)
         memory = replace(memory, last_plan_at_s=now)
@@ -177,6 +185,9 @@ class Controller:
                 s.actions.append(StopForBudget(len(snap.pending)))
                 memory = replace(memory, budget_stopped=True)
             return replace(memory, plan_failures=memory.plan_failures + 1, last_note=result.reason)
+        if result.cause == "budget_short" and not memory.budget_stopped:
+            s.actions.append(StopForBudget(len(snap.pending)))
+            memory = replace(memory, budget_stopped=True)
         memory = replace(
             memory,
             last_plan=result.plan,
@@ -225,7 +236,7 @@ class Controller:
         pin = self._planner_input(snap, now, rem)
         if self.goal.kind == "budget":
             budget_left = float(self.goal.value) - self._planned_spend(snap, {}, now)
-            return self.planner.fastest_within(pin, budget_left)
+            return self.planner.fastest_within(pin, budget_left, rem.point_ref_s)
         deadline_s = (memory.deadline_at_s or math.inf) - now
         return self.planner.cheapest_by(pin, deadline_s)
 
@@ -239,7 +250,7 @@ class Controller:
             if node is None or node.is_private:
                 continue
             target = max(now, ext.release_at_s - margin)
-            current = s.release.get(node.id)
+            current = s.release_of(node)
             if current is not None and abs(target - current) < 1.0:
                 shorten.pop(node.id, None)
                 continue
@@ -288,6 +299,17 @@ class Controller:
             total += max(0.0, planned - so_far)
         return total
 
+    def _budget_left(self, snap: Snapshot, s: _Scratch, now: float) -> float:
+        budget = self._budget(snap)
+        if budget is None:
+            return math.inf
+        return budget - self._planned_spend(snap, s.release, now) - s.launched_usd
+
+    @staticmethod
+    def _cheapest_unit(snap: Snapshot) -> float:
+        costs = [t.billing.cost_usd(0, t.price_per_hour) for t in snap.types.values() if t.limit > 0]
+        return min(costs) if costs else math.inf
+
     def _budget(self, snap: Snapshot) -> float | None:
         if self.goal.kind == "budget":
             return float(self.goal.value)
@@ -317,15 +339,15 @@ class Controller:
         if over <= 1e-9:
             return
         live = sorted(
-            (n for n in snap.nodes if not n.is_private and s.release.get(n.id) is not None),
-            key=lambda n: -(s.release[n.id]),
+            (n for n in snap.nodes if not n.is_private and s.release_of(n) is not None),
+            key=lambda n: -(s.release_of(n)),
         )
         for n in live:
             if over <= 1e-9:
                 break
             t = snap.types[n.type_name]
             earliest = max(now, t.billing.paid_until(n.launched_at_s, now) - self.config.margin_s)
-            if earliest < s.release[n.id] - 1e-9:
+            if earliest < s.release_of(n) - 1e-9:
                 before = self._planned_spend(snap, s.release, now)
                 s.release[n.id] = earliest
                 s.actions.append(ScheduleRelease(n.id, earliest, "budget_cap"))
@@ -359,7 +381,7 @@ class Controller:
         # their paid time once nothing is pending (they hold no plan to release earlier).
         if len(snap.pending) == 0:
             for n in live:
-                if not n.running and (s.release.get(n.id) is None or s.release[n.id] > now):
+                if not n.running and (s.release_of(n) is None or s.release_of(n) > now):
                     s.actions.append(ScheduleRelease(n.id, now, "idle_nothing_pending"))
                     s.release[n.id] = now
         return memory
@@ -385,7 +407,7 @@ class Controller:
             return memory
         have: dict[str, int] = {}
         for n in snap.nodes:
-            if not n.is_private and not n.lost and (s.release.get(n.id) is None or s.release[n.id] > now):
+            if not n.is_private and not n.lost and (s.release_of(n) is None or s.release_of(n) > now):
                 have[n.type_name] = have.get(n.type_name, 0) + 1
         for name, count in cfg.items():
             extra = count - have.get(name, 0)
@@ -398,10 +420,10 @@ class Controller:
                 s.launched_usd += extra * t.billing.cost_usd(life, t.price_per_hour)
         # BaTS renews an instance for another ATU only while the budget allows.
         for n in snap.nodes:
-            if n.is_private or n.lost or s.release.get(n.id) is None:
+            if n.is_private or n.lost or s.release_of(n) is None:
                 continue
             t = snap.types[n.type_name]
-            rel = s.release[n.id]
+            rel = s.release_of(n)
             if len(snap.pending) > 0 and rel - now < self.config.tick_s * 1.5 + self.config.margin_s:
                 nxt = t.billing.paid_until(n.launched_at_s, rel + self.config.margin_s + 1) - self.config.margin_s
                 if self._affordable_extension(snap, s, n, t, nxt, now):
@@ -410,21 +432,23 @@ class Controller:
         return memory
 
     # -- pass 5 ------------------------------------------------------------------------------
-    def _dispatch(self, snap: Snapshot, memory: Memory, now: float, mean: float, rng, s: _Scratch) -> None:
+    def _dispatch(self, snap: Snapshot, memory: Memory, now: float, mean_and_fit: tuple[float, float], rng,
+                  s: _Scratch) -> None:
+        mean, fit_size = mean_and_fit
         fit_rule = self.config.policy in ("broker", "firstfit", "bats")
-        ready = sorted((n for n in snap.nodes if n.ready(now)), key=lambda n: (-n.speed, n.id))
+        ready = sorted((n for n in snap.nodes_with_free_slots() if n.ready(now)), key=lambda n: (-n.speed, n.id))
         idle_slots: list[tuple[NodeView, int, float]] = []
         for node in ready:
             if len(node.running) >= node.slots:
                 continue
-            release = s.release.get(node.id) if not node.is_private else None
+            release = s.release_of(node) if not node.is_private else None
             for slot in node.free_slots():
                 if release is not None and release <= now:
                     continue
                 limit_ref = math.inf
                 if fit_rule and release is not None:
                     limit_ref = (release - now) * node.speed / self.config.fit_safety
-                pick = snap.pending.largest_fitting(limit_ref, mean, s.taken)
+                pick = snap.pending.largest_fitting(limit_ref, fit_size if fit_rule else mean, s.taken)
                 if pick is None and not fit_rule:
                     pick = snap.pending.smallest(mean, s.taken)
                 if pick is None:
@@ -457,6 +481,15 @@ class Controller:
                 copies[r.task_id] = copies.get(r.task_id, 0) + 1
                 s.actions.append(Replicate(r.task_id, SlotRef(node.id, slot), r.attempt + 1, "tail_replication"))
                 break
+
+
+def _sd_estimate(snap: Snapshot, mean: float) -> float:
+    obs = snap.observations
+    if obs.count >= 10:
+        return obs.sd_ref_s
+    if snap.prior_sd_ref_s is not None:
+        return snap.prior_sd_ref_s
+    return obs.sd_ref_s if obs.count >= 2 else 0.5 * mean
 
 
 def _most_efficient(types) -> MachineType | None:

@@ -12,7 +12,9 @@ quantile of the confidence level.
   still needs *some* time: conservative, never a division by zero).
 - Upper confidence: W_up = W + z (n_p sigma_hat / sqrt(n_o) + sqrt(n_p) sigma_hat):
   the error of the estimated mean is shared by every pending task, and the tasks' own spread
-  adds in quadrature.
+  adds in quadrature. A prior mean (from a sampling phase that met its (eps, delta) contract,
+  or from the bag's estimation tools) counts as ``PRIOR_WEIGHT`` observations, so n_o never
+  starts at one when something is already known.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import math
 from dataclasses import dataclass
 
 from .snapshot import Snapshot
+
+PRIOR_WEIGHT = 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +44,7 @@ def mean_estimate(snap: Snapshot) -> float | None:
         return obs.mean_ref_s
     if obs.count >= 1 and snap.prior_mean_ref_s is not None:
         # Shrink the prior toward what finished tasks show, fully trusting data after ~30.
-        w = min(obs.count / 30.0, 1.0)
+        w = min(obs.count / float(PRIOR_WEIGHT), 1.0)
         return w * obs.mean_ref_s + (1 - w) * snap.prior_mean_ref_s
     return snap.prior_mean_ref_s
 
@@ -50,7 +54,12 @@ def remaining_work(snap: Snapshot, z: float = 1.645) -> RemainingWork | None:
     if mu is None:
         return None
     obs = snap.observations
-    sd = obs.sd_ref_s if obs.count >= 2 else mu * 0.5
+    if obs.count >= 10 or (obs.count >= 2 and snap.prior_sd_ref_s is None):
+        sd = obs.sd_ref_s
+    elif snap.prior_sd_ref_s is not None:
+        sd = snap.prior_sd_ref_s
+    else:
+        sd = mu * 0.5
     ratio = 1.0
     if obs.count_with_estimate >= 5 and obs.sum_estimate_ref_s > 0:
         ratio = obs.sum_ref_s / obs.sum_estimate_ref_s if obs.count == obs.count_with_estimate else 1.0
@@ -69,7 +78,7 @@ def remaining_work(snap: Snapshot, z: float = 1.645) -> RemainingWork | None:
                 running_work += _residual_mean(mu, sd, elapsed_ref)
     point = pending_work + running_work
     n_p = len(pool)
-    n_o = max(obs.count, 1)
+    n_o = max(obs.count + (PRIOR_WEIGHT if snap.prior_mean_ref_s is not None else 0), 1)
     upper = point + z * (n_p * sd / math.sqrt(n_o) + math.sqrt(n_p + n_running) * sd)
     return RemainingWork(point, upper, mu, sd, n_p, n_running, ratio)
 

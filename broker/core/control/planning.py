@@ -88,15 +88,39 @@ class FleetPlanner:
         return min_cost(pin.types, pin.private, pin.work, deadline_s, existing=pin.existing, now_s=pin.now_s,
                         options=self.options)
 
-    def fastest_within(self, pin: PlannerInput, budget_usd: float) -> PlanResult:
+    def fastest_within(self, pin: PlannerInput, budget_usd: float, point_ref_s: float | None = None) -> PlanResult:
+        """The fastest plan within the budget for the upper confidence value of the work; if
+        that cannot be bought, for the point estimate (cause ``budget_tight``); if not even
+        that, for the largest share of the work the budget buys (``budget_short``: the rest
+        is left to private nodes and reported, BaTS semantics)."""
+        from dataclasses import replace
+
         from ..plan import NoFeasiblePlan, min_makespan
 
-        try:
-            plan = min_makespan(pin.types, pin.private, pin.work, max(budget_usd, 0.0), existing=pin.existing,
+        def attempt(work):
+            return min_makespan(pin.types, pin.private, work, max(budget_usd, 0.0), existing=pin.existing,
                                 now_s=pin.now_s, options=self.options)
-            return PlanResult(plan, "budget_plan")
+
+        try:
+            return PlanResult(attempt(pin.work), "budget_plan")
         except NoFeasiblePlan as exc:
-            return PlanResult(None, None, str(exc))
+            first_error = str(exc)
+        point = pin.work.total_ref_s if point_ref_s is None else min(point_ref_s, pin.work.total_ref_s)
+        try:
+            return PlanResult(attempt(replace(pin.work, total_ref_s=point)), "budget_tight", first_error)
+        except NoFeasiblePlan:
+            pass
+        lo, hi, best = 0.0, 1.0, None
+        for _ in range(6):
+            mid = (lo + hi) / 2
+            try:
+                best = attempt(replace(pin.work, total_ref_s=point * mid))
+                lo = mid
+            except NoFeasiblePlan:
+                hi = mid
+        if best is None:
+            return PlanResult(None, None, first_error)
+        return PlanResult(best, "budget_short", f"{first_error}; buying about {lo:.0%} of the remaining work")
 
     def front_choice(self, pin: PlannerInput, goal):
         from ..plan import NoFeasiblePlan, choose_point, choose_theta, pareto_front

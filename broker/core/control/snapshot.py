@@ -113,9 +113,24 @@ class Snapshot:
     committed_usd: float  # cloud spend already charged (paid-until of every instance)
     started_at_s: float = 0.0
     prior_mean_ref_s: float | None = None  # from sampling, a user hint, or the bag's estimates
+    prior_sd_ref_s: float | None = None
     budget_usd: float | None = None
     tasks_failed: int = 0
     stopping: bool = False  # the user asked to stop: drain, release everything
+    # Optional indexes a shell may supply so a dispatch-only decision costs O(free slots),
+    # not O(fleet); when absent they are derived from ``nodes``.
+    free_nodes: tuple[NodeView, ...] | None = None
+    running_count: int | None = None
+
+    def nodes_with_free_slots(self) -> tuple[NodeView, ...]:
+        if self.free_nodes is not None:
+            return self.free_nodes
+        return tuple(n for n in self.nodes if len(n.running) < n.slots)
+
+    def count_running(self) -> int:
+        if self.running_count is not None:
+            return self.running_count
+        return sum(len(n.running) for n in self.nodes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,80 @@
+"""``broker simulate``: a virtual-time run of a workload or a runtime trace under a policy."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def register(sub) -> None:
+    from broker.cli.plan import add_goal_arguments
+
+    p = sub.add_parser(
+        "simulate",
+        help="virtual-time run of a workload model or a runtime trace under a policy",
+        description="Run a bag in virtual time with the same controller a live run uses. "
+        "Workloads: a YAML file or a built-in name (short, long, mixture, LS, LM, LL, bats).",
+    )
+    p.add_argument("--inventory", required=True, help="inventory YAML (only EC2 types and private nodes are used)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workload", help="workload YAML file or built-in name")
+    src.add_argument("--runtimes", help="CSV with a runtime_s column (reference seconds), optional estimate_s")
+    p.add_argument("--tasks", type=int, help="override the workload's number of tasks")
+    p.add_argument("--policy", default="broker", choices=["broker", "list", "rr", "bats", "firstfit", "1vm4all"])
+    p.add_argument("--eta", type=int, help="List_eta: the number of most cost-efficient machines used")
+    p.add_argument("--tick", default="60s", help="monitoring interval (default 60s)")
+    p.add_argument("--speed-noise", type=float, default=0.0, help="actual speed = declared x U(1-x, 1+x)")
+    p.add_argument("--failure-rate", type=float, default=0.0, help="probability an attempt fails part-way")
+    add_goal_arguments(p)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from broker.cli import UsageError
+    from broker.cli.plan import goal_from_args
+    from broker.config.durations import format_duration, parse_duration
+    from broker.config.inventory import load_inventory
+    from broker.core.control.controller import ControllerConfig
+    from broker.core.control.snapshot import Goal
+    from broker.sim.engine import SimOptions, Simulation
+    from broker.sim.workloads import WorkloadError, load_runtimes_csv, load_workload
+
+    inventory = load_inventory(args.inventory)
+    try:
+        if args.workload:
+            workload = load_workload(args.workload, args.seed, tasks=args.tasks)
+        else:
+            workload = load_runtimes_csv(args.runtimes)
+    except WorkloadError as exc:
+        raise UsageError(str(exc)) from None
+    g = goal_from_args(args)
+    goal = Goal() if g is None else Goal(g.kind, g.value)
+    if args.policy == "list" and args.eta is None:
+        raise UsageError("--policy list needs --eta K (the number of most cost-efficient machines)")
+    try:
+        tick_s = parse_duration(args.tick)
+    except ValueError as exc:
+        raise UsageError(f"--tick: {exc}") from None
+    config = ControllerConfig(policy=args.policy, eta=args.eta, tick_s=tick_s)
+    options = SimOptions(seed=args.seed, speed_noise=args.speed_noise, failure_rate=args.failure_rate)
+    result = Simulation(inventory, workload, goal, config, options).run()
+    if args.json:
+        print(json.dumps(result.to_json()))
+        return 0
+    r = result
+    out = sys.stdout
+    print(f"policy {r.policy}: {r.tasks_done}/{r.tasks_total} tasks in {format_duration(r.makespan_s)} "
+          f"for ${r.cost_usd:.2f} (cloud ${r.cloud_cost_usd:.2f}, private ${r.private_cost_usd:.2f})", file=out)
+    if r.planned_makespan_s is not None:
+        print(f"planned: {format_duration(r.planned_makespan_s)} for ${r.planned_cost_usd:.2f}", file=out)
+    if r.budget_usd is not None:
+        print(f"budget ${r.budget_usd:.2f}: peak committed ${r.max_committed_usd:.2f}"
+              + (" (stopped for budget)" if r.budget_stopped else ""), file=out)
+    print(f"instances launched {r.instances_launched}, at most {r.max_concurrent} at once; "
+          f"samples {r.samples}; simulated in {r.sim_wall_s:.2f}s", file=out)
+    if r.tasks_left:
+        print(f"{r.tasks_left} tasks left unfinished", file=out)
+        return 1
+    return 0

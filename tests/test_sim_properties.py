@@ -1,0 +1,115 @@
+"""Invariants of the controller, checked over many generated scenarios in the simulator.
+
+- cost never exceeds the budget under a budget goal;
+- no instance is released before its paid-until minus the margin, except when the bag is
+  done or the user stops (nothing is saved by waiting then);
+- every task is done exactly once;
+- the same seed gives the same run.
+"""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from broker.core.billing import Billing
+from broker.core.control.controller import ControllerConfig
+from broker.core.control.snapshot import Goal
+from broker.core.model import Inventory, MachineType, PrivateNode
+from broker.sim.engine import SimOptions, SimWorkload, Simulation
+
+MARGIN_S = 120.0
+
+
+@st.composite
+def scenarios(draw):
+    billing = draw(st.sampled_from([Billing.hourly(), Billing.per_second(), Billing.custom(600, 600)]))
+    n_types = draw(st.integers(1, 3))
+    types = tuple(
+        MachineType(
+            name=f"type{i}",
+            slots=draw(st.integers(1, 4)),
+            speed=draw(st.sampled_from([1.0, 2.0, 4.0, 8.0])),
+            price_per_hour=draw(st.sampled_from([0.05, 0.1, 0.2, 0.4, 0.8])),
+            limit=draw(st.integers(1, 6)),
+            boot_s=draw(st.sampled_from([0.0, 30.0, 90.0])),
+            billing=billing,
+        )
+        for i in range(n_types)
+    )
+    private = ()
+    if draw(st.booleans()):
+        private = (PrivateNode("own", slots=draw(st.integers(1, 3)), speed=1.0, cost_per_hour=0.0, local=True),)
+    n = draw(st.integers(5, 200))
+    seed = draw(st.integers(0, 10_000))
+    rng = np.random.default_rng(seed)
+    mean_s = draw(st.sampled_from([30.0, 300.0, 1200.0]))
+    runtimes = rng.lognormal(math.log(mean_s) - 0.125, 0.5, n)
+    clairvoyant = draw(st.booleans())
+    estimates = runtimes * rng.uniform(0.7, 1.3, n) if clairvoyant else None
+    prior = float(runtimes.mean()) if (not clairvoyant and draw(st.booleans())) else None
+    if estimates is not None:
+        prior = float(estimates.mean())
+    total = float(runtimes.sum())
+    kind = draw(st.sampled_from(["deadline", "budget", "none", "theta"]))
+    if kind == "deadline":
+        goal = Goal("deadline", total / draw(st.sampled_from([2.0, 8.0, 32.0])) + 600)
+    elif kind == "budget":
+        goal = Goal("budget", draw(st.sampled_from([0.05, 0.5, 2.0, 10.0])))
+    elif kind == "theta":
+        goal = Goal("theta", draw(st.sampled_from([0.0, 0.5, 1.0])))
+    else:
+        goal = Goal()
+    inv = Inventory(private=private, types=types)
+    wl = SimWorkload(runtimes, estimates, prior, name="generated")
+    return inv, wl, goal, seed
+
+
+def run(inv, wl, goal, seed, **opt):
+    cfg = ControllerConfig(margin_s=MARGIN_S, tick_s=60.0, replan_every_s=600.0)
+    return Simulation(inv, wl, goal, cfg, SimOptions(seed=seed, **opt)).run()
+
+
+@given(scenarios())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_invariants_hold_in_generated_scenarios(sc):
+    inv, wl, goal, seed = sc
+    r = run(inv, wl, goal, seed, speed_noise=0.2)
+    # every task at most once; all of them unless a budget stopped the cloud part
+    assert all(c == 1 for c in r.completions.values())
+    assert r.tasks_done == len(r.completions)
+    if goal.kind != "budget":
+        assert r.tasks_done == r.tasks_total
+    if goal.kind == "budget":
+        assert r.max_committed_usd <= goal.value + 1e-9
+        assert r.cloud_cost_usd <= goal.value + 1e-9
+        if r.tasks_done < r.tasks_total:
+            assert r.budget_stopped or not inv.private
+    for rel in r.releases:
+        if rel["cause"] in ("bag_done", "user_stop"):
+            continue
+        assert rel["at_s"] >= rel["paid_until_s"] - MARGIN_S - 1e-6, rel
+
+
+@given(scenarios())
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_same_seed_same_run(sc):
+    inv, wl, goal, seed = sc
+    a = run(inv, wl, goal, seed, speed_noise=0.3, failure_rate=0.05)
+    b = run(inv, wl, goal, seed, speed_noise=0.3, failure_rate=0.05)
+    ja, jb = a.to_json(), b.to_json()
+    ja.pop("sim_wall_s"), jb.pop("sim_wall_s")
+    assert ja == jb
+    assert a.releases == b.releases and a.fleet_changes == b.fleet_changes
+
+
+def test_failures_are_retried_and_every_task_still_done_once():
+    types = (MachineType("m", 2, 1.0, 0.1, 4, 30.0, Billing.hourly()),)
+    inv = Inventory(private=(PrivateNode("own", 2, local=True),), types=types)
+    rng = np.random.default_rng(3)
+    wl = SimWorkload(rng.uniform(60, 600, 300), None, 330.0, name="u")
+    r = run(inv, wl, Goal("deadline", 4 * 3600), 3, failure_rate=0.2)
+    assert r.tasks_done == 300
+    assert sorted(r.completions.values()) == [1] * 300
+    assert r.wasted_ref_s > 0  # failures did happen and their work was thrown away
