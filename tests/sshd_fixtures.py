@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+import structlog
 
 from tests.sshd import INSTALL_HINT, TestSshd, running_sshd, sshd_missing_reason
 
@@ -33,3 +34,15 @@ def sshd(tmp_path: Path) -> Iterator[TestSshd]:
     require_sshd()
     with running_sshd(tmp_path / "sshd") as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def structlog_defaults() -> Iterator[None]:
+    """structlog as a fresh process has it, whatever an earlier test configured.
+
+    ``broker.cli.main`` points structlog at the ``sys.stderr`` of its moment, which under
+    pytest is a capture stream closed after that test; every later log call would raise.
+    """
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()

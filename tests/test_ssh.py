@@ -21,10 +21,11 @@ from broker.shells.ssh import (
     SshTarget,
     connect,
 )
+import tests.sshd
 from tests.sshd import TestSshd
-from tests.sshd_fixtures import sshd  # noqa: F401  (fixture, until conftest registers the plugin)
+from tests.sshd_fixtures import require_sshd, sshd, structlog_defaults  # noqa: F401  (fixtures, until conftest registers the plugin)
 
-pytestmark = pytest.mark.sshd
+pytestmark = [pytest.mark.sshd, pytest.mark.usefixtures("structlog_defaults")]
 
 
 def target_for(server: TestSshd, **overrides: object) -> SshTarget:
@@ -229,9 +230,6 @@ def test_failed_uploads_name_the_file_and_the_reason(sshd: TestSshd, tmp_path: P
 
 
 def test_a_missing_sshd_fails_under_ci_and_skips_elsewhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import tests.sshd
-    from tests.sshd_fixtures import require_sshd
-
     monkeypatch.setattr(tests.sshd, "SSHD_BINARY", str(tmp_path / "no-sshd-here"))
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="CI must run the SSH integration tests.*apt-get install"):

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from broker.shells.ssh import SshSession, SshTarget, SshTransport, connect
 from broker.shells.transport import Transport, TransportClosed
 from tests.sshd import TestSshd, running_sshd
-from tests.sshd_fixtures import require_sshd, sshd  # noqa: F401  (fixture, until conftest registers the plugin)
+from tests.sshd_fixtures import require_sshd, sshd, structlog_defaults  # noqa: F401  (fixtures, until conftest registers the plugin)
 
-pytestmark = pytest.mark.sshd
+pytestmark = [pytest.mark.sshd, pytest.mark.usefixtures("structlog_defaults")]
 
 # Reads stdin line by line and answers each line upper-cased, until end of file.
 PYTHON_ECHO = (
@@ -183,7 +183,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def cat_stream(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def cat_stream(tmp_path_factory: pytest.TempPathFactory, structlog_defaults: None):  # type: ignore[no-untyped-def]
     """One ``cat`` stream shared by every example: chunking, not start-up, is under test."""
     require_sshd()
     with running_sshd(tmp_path_factory.mktemp("sshd-shared")) as server, session_for(server) as session:
