@@ -1,9 +1,10 @@
 """SSH to private nodes and EC2 instances: connect, set up, ship the agent, stream to it.
 
 One :class:`SshSession` per node, over paramiko with a socket we open ourselves so that
-``TCP_NODELAY`` is set (measured here: connect+auth 69 ms -> 23 ms, channel open
-43 ms -> 0.4 ms, because each SSH message is small and Nagle holds it back waiting for an
-ACK). A session runs set-up commands (:meth:`SshSession.run`), uploads files over SFTP
+``TCP_NODELAY`` is set: the handshake is many small messages each waiting on the last, and
+Nagle holds them back for ACKs (``bench/bench_ssh_connect.py``: connect+auth ~80 ms ->
+~30 ms on loopback). A connection's first channel still takes ~43 ms either way, later
+ones under 1 ms, so a node keeps one connection and opens its streams on it. A session runs set-up commands (:meth:`SshSession.run`), uploads files over SFTP
 (:meth:`SshSession.put`, :meth:`SshSession.deploy_agent`), and opens long-lived streams
 (:meth:`SshSession.open_stream`) that carry the agent protocol as a
 :class:`~broker.shells.transport.Transport`.
