@@ -64,7 +64,8 @@ class TestSshd:
     host_public_key: str  # "ssh-ed25519 AAAA..." (no comment)
     directory: Path
     process: subprocess.Popen[bytes]
-    _orphan_pids: set[int] = field(default_factory=set)
+    # Commands orphaned by drop_connections, as (pid, start time) so a reused pid is spared.
+    _orphans: set[tuple[int, str]] = field(default_factory=set)
 
     def connection_pids(self) -> list[int]:
         """PIDs of the per-connection sshd processes (monitor and session children)."""
@@ -77,7 +78,7 @@ class TestSshd:
         """
         descendants = _descendants(self.process.pid)
         sshd_pids = [pid for pid in descendants if _is_sshd(pid)]
-        self._orphan_pids.update(pid for pid in descendants if pid not in sshd_pids)
+        self._orphans.update((pid, _start_time(pid)) for pid in descendants if pid not in sshd_pids)
         for pid in sshd_pids:
             _kill(pid, signal.SIGKILL)
         _wait_gone(sshd_pids, timeout_s=5.0)
@@ -85,7 +86,7 @@ class TestSshd:
 
     def stop(self) -> None:
         """Stop the daemon, every connection, and what the connections started. Idempotent."""
-        orphans = list(self._orphan_pids)
+        orphans = [pid for pid, started in self._orphans if _start_time(pid) == started]
         _stop_process_tree(self.process)
         for pid in orphans:
             _kill(pid, signal.SIGKILL)
@@ -253,6 +254,14 @@ def _descendants(root_pid: int) -> list[int]:
         found.append(pid)
         stack.extend(children.get(pid, []))
     return found
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot ("" if it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
 
 
 def _is_sshd(pid: int) -> bool:
