@@ -659,8 +659,11 @@ class Daemon:
     def _mark_ready(self, node: _Node) -> None:
         now = self.clock.now_s()
         node.ready_at_s = now
-        self._emit("instance.ready" if node.type is not None else "node.ready", node=node.id, at_s=round(now, 3),
-                   slots=node.slots)
+        if node.type is not None:
+            self._emit("instance.ready", instance_id=node.id, type=node.type.name, at_s=round(now, 3),
+                       boot_s=round(now - node.launched_at_s, 3), slots=node.slots)
+        else:
+            self._emit("node.ready", node=node.id, at_s=round(now, 3), slots=node.slots)
 
     # -- attempts ------------------------------------------------------------------------------
     def _start_attempts(self, starts: list[Assign | Replicate]) -> None:
