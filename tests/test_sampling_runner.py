@@ -1,0 +1,204 @@
+"""The live sampling phase on a real local agent: short ``sleep`` tasks with known durations.
+
+Every test runs its own agent under ``tmp_path``; the ``run_dir`` fixture fails the test if
+that agent, or any task it started, is still alive afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+from structlog.testing import capture_logs
+
+from broker.core.estimate import make_rule
+from broker.core.model import Bag, PrivateNode, Task
+from broker.shells.local_transport import local_agent_pid
+from broker.shells.sampling_runner import (
+    SamplingFailed,
+    SamplingInterrupted,
+    attached_local_nodes,
+    local_agent_dir,
+    sample_bag,
+)
+
+SEED = 20240611
+
+
+def agent_processes(root: Path) -> list[int]:
+    """Live processes started by an agent under ``root`` (the agent exports its state dir)."""
+    marks = [os.fsencode(f"BROKER_AGENT_DIR={d}") for d in root.rglob("agents/*")]
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(mark in environ for mark in marks):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    path = tmp_path / "run"
+    yield path
+    alive_agents = [str(d) for d in tmp_path.rglob("agents/*") if local_agent_pid(d) is not None]
+    leaked = agent_processes(tmp_path)
+    for pid in leaked:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive_agents, f"agents still running after the test: {alive_agents}"
+    assert not leaked, f"task processes outlived the test: {leaked}"
+
+
+def node(slots: int, speed: float = 1.0) -> PrivateNode:
+    return PrivateNode(name="lab", slots=slots, speed=speed, local=True)
+
+
+def logged_bag(durations_s: list[float], log: Path, timeout_s: float, setup: str | None = None) -> Bag:
+    """Task i sleeps ``durations_s[i]`` then appends its id to ``log`` (so runs can be counted)."""
+    tasks = tuple(
+        Task(id=f"t{i:04d}", command=f'sleep {d} && echo "$BROKER_TASK" >> {log}') for i, d in enumerate(durations_s)
+    )
+    return Bag(tasks=tasks, timeout_s=timeout_s, setup=setup)
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+def run(bag: Bag, run_dir: Path, rule_name: str, eps: float, delta: float, slots: int, speed: float = 1.0,
+        **options):
+    rule = make_rule(rule_name, eps, delta, bag.timeout_s, n_tasks=len(bag))
+    with attached_local_nodes([node(slots, speed)], run_dir) as (nodes, inbox):
+        return sample_bag(bag, nodes, inbox, rule, np.random.default_rng(SEED), **options)
+
+
+def test_bats_estimate_is_the_mean_of_the_first_draws_at_reference_speed(run_dir, tmp_path):
+    sleeps = [0.05, 0.1, 0.15, 0.2] * 10  # true mean 0.125 wall s; the node's speed 2 doubles it
+    bag = logged_bag(sleeps, tmp_path / "ran.log", timeout_s=1.0)
+    outcome = run(bag, run_dir, "bats", eps=0.5, delta=0.1, slots=6, speed=2.0)
+
+    estimate = outcome.estimate
+    assert estimate.rule == "bats" and estimate.samples == 30 and estimate.capped == 0
+    order = np.random.default_rng(SEED).permutation(len(bag))
+    used = [t for t in outcome.tasks.values() if t.used]
+    assert [t.task_id for t in used] == [bag.tasks[i].id for i in order[:30]]
+    assert estimate.mean_ref_s == pytest.approx(np.mean([t.runtime_ref_s for t in used]), rel=1e-9)
+    assert all(t.runtime_ref_s == pytest.approx(2.0 * t.runtime_s) for t in used)
+    true_mean_ref_s = 2.0 * float(np.mean(sleeps))
+    # 30 of 40 drawn: the sample mean is within ~4% of the bag's; process start-up only adds.
+    assert 0.9 * true_mean_ref_s <= estimate.mean_ref_s <= 1.2 * true_mean_ref_s
+    assert sorted(lines(tmp_path / "ran.log")) == sorted(outcome.tasks)
+
+
+def test_ebstop_reads_results_in_draw_order_keeps_the_extra_ones_and_runs_no_task_twice(run_dir, tmp_path):
+    n_tasks, slots = 300, 8
+    order = np.random.default_rng(SEED).permutation(n_tasks)
+    # The k-th draw sleeps less than the draws before it in its window of `slots`: tasks
+    # started together finish in the reverse of the order they were drawn.
+    sleeps = [0.0] * n_tasks
+    for k, index in enumerate(order):
+        sleeps[index] = round(0.2 - 0.0125 * (k % slots), 4)
+    log = tmp_path / "ran.log"
+    bag = logged_bag(sleeps, log, timeout_s=0.25)
+    with capture_logs() as events:
+        outcome = run(bag, run_dir, "ebstop", eps=0.5, delta=0.1, slots=slots, drain_means=None)
+
+    estimate = outcome.estimate
+    ran = lines(log)
+    assert len(ran) == len(set(ran)), "a task ran twice"
+    assert set(ran) == set(outcome.tasks), "every task that ran is reported, extra ones included"
+    assert ran != [t.task_id for t in outcome.tasks.values()], "completion order should differ from draw order"
+
+    in_draw_order = list(outcome.tasks.values())
+    assert [t.draw for t in in_draw_order] == list(range(1, len(in_draw_order) + 1))
+    assert [t.task_id for t in in_draw_order] == [bag.tasks[i].id for i in order[: len(in_draw_order)]]
+    used = [t for t in in_draw_order if t.used]
+    extra = [t for t in in_draw_order if not t.used]
+    assert used == in_draw_order[: estimate.samples]
+    # When the rule stopped, the other slots-1 slots were busy with later draws: kept, not lost.
+    assert len(extra) >= slots - 1
+    assert not outcome.cancelled
+
+    replay = make_rule("ebstop", 0.5, 0.1, bag.timeout_s, n_tasks=len(bag))
+    replay.feed_many(np.array(outcome.used_ref_s) / bag.timeout_s)
+    assert not replay.wants_more()
+    assert replay.estimate().mean_ref_s == pytest.approx(estimate.mean_ref_s, rel=1e-12)
+    observed = float(np.mean(outcome.used_ref_s))
+    assert abs(estimate.mean_ref_s - observed) <= 0.5 * observed
+
+    done = [e for e in events if e["event"] == "sample.done"]
+    assert len(done) == 1 and done[0]["samples"] == estimate.samples and done[0]["extra"] == len(extra)
+
+
+def test_draws_still_running_when_the_rule_stops_are_cancelled_without_a_drain(run_dir, tmp_path):
+    log = tmp_path / "ran.log"
+    bag = logged_bag([0.3] * 200, log, timeout_s=0.5)
+    outcome = run(bag, run_dir, "ebstop", eps=0.5, delta=0.1, slots=8, drain_means=0.0)
+    assert outcome.cancelled, "ebstop draws ahead, so draws are in flight when it stops"
+    assert not set(outcome.cancelled) & set(outcome.tasks)
+    assert all(t.used for t in outcome.tasks.values() if t.draw <= outcome.estimate.samples)
+    ran = lines(log)
+    assert len(ran) == len(set(ran)) and set(outcome.tasks) <= set(ran)
+
+
+def test_timeouts_count_as_capped_samples(run_dir, tmp_path):
+    bag = logged_bag([0.02, 5.0] * 16, tmp_path / "ran.log", timeout_s=0.3)
+    with capture_logs() as events:
+        outcome = run(bag, run_dir, "bats", eps=0.5, delta=0.1, slots=8)
+    used = [t for t in outcome.tasks.values() if t.used]
+    timed_out = [t for t in used if t.timed_out]
+    assert timed_out and outcome.estimate.capped == len(timed_out)
+    assert all(t.runtime_ref_s >= bag.timeout_s and not t.ok for t in timed_out)
+    assert outcome.done_task_ids == {t.task_id for t in outcome.tasks.values() if not t.timed_out}
+    capped = np.minimum([t.runtime_ref_s for t in used], bag.timeout_s)
+    assert outcome.estimate.mean_ref_s == pytest.approx(float(np.mean(capped)))
+    assert len([e for e in events if e["event"] == "sample.timeout"]) >= len(timed_out)
+
+
+def test_failing_tasks_stop_sampling_naming_the_task_and_its_stderr(run_dir):
+    failing = tuple(
+        Task(id=f"t{i:02d}", command="echo 'cannot open input.dat' >&2; exit 3") for i in range(20)
+    )
+    bag = Bag(tasks=failing, timeout_s=10.0, retries=2)
+    with pytest.raises(SamplingFailed) as info:
+        run(bag, run_dir, "ebstop", eps=0.3, delta=0.1, slots=2)
+    message = str(info.value)
+    assert "3 sampled tasks failed" in message
+    assert "exit code 3" in message and "cannot open input.dat" in message
+    assert any(f"task t{i:02d}" in message for i in range(20))
+    assert len(info.value.failures) == 3 and not info.value.tasks
+
+
+def test_setup_runs_once_before_any_task_and_its_failure_stops_sampling(run_dir, tmp_path):
+    log = tmp_path / "ran.log"
+    bag = logged_bag([0.01] * 40, log, timeout_s=1.0, setup=f"echo SETUP >> {log}")
+    outcome = run(bag, run_dir, "bats", eps=0.5, delta=0.1, slots=4)
+    ran = lines(log)
+    assert ran[0] == "SETUP" and ran.count("SETUP") == 1 and len(ran) == 1 + len(outcome.tasks)
+
+    broken = Bag(tasks=bag.tasks, timeout_s=1.0, setup="echo 'no such package' >&2; exit 7")
+    with pytest.raises(SamplingFailed) as info:
+        run(broken, run_dir / "again", "bats", eps=0.5, delta=0.1, slots=4)
+    assert "setup command failed" in str(info.value) and "no such package" in str(info.value)
+    assert lines(log).count("SETUP") == 1 and len(lines(log)) == len(ran), "no task ran after a failed setup"
+
+
+def test_an_interrupt_keeps_the_finished_draws_and_stops_the_agent(run_dir, tmp_path):
+    bag = logged_bag([0.05] * 40 + [5.0] * 40, tmp_path / "ran.log", timeout_s=10.0)
+
+    def interrupt_after_three(progress):
+        if progress.completed >= 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(SamplingInterrupted) as info:
+        run(bag, run_dir, "ebstop", eps=0.3, delta=0.1, slots=4, on_progress=interrupt_after_three)
+    assert len(info.value.tasks) >= 3
+    assert local_agent_pid(local_agent_dir(run_dir, "lab")) is None
