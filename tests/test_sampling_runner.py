@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
 from broker.core.estimate import make_rule
@@ -43,6 +44,15 @@ def agent_processes(root: Path) -> list[int]:
         if state != "Z" and any(mark in environ for mark in marks):
             found.append(int(entry.name))
     return found
+
+
+@pytest.fixture(autouse=True)
+def structlog_defaults():
+    """structlog as a fresh process has it: a CLI test run earlier leaves it writing to that
+    test's capture stream, closed since."""
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture
