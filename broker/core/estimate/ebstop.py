@@ -1,46 +1,64 @@
-"""Empirical-Bernstein stopping (Mnih, Szepesvari, Audibert, ICML 2008): EBStop for a
-relative error, with their geometric sampling schedule as an option. ALGORITHMS.md 2.2.
+"""Stopping by confidence bounds for a relative ``(eps, delta)`` estimate (ALGORITHMS.md 2.2).
 
-Samples ``Z_1, Z_2, ...`` in ``[0, R]`` (here ``R = 1``). After ``t`` samples let
-``Zbar_t`` be their mean and ``sigma_t^2 = (1/t) sum_i (Z_i - Zbar_t)^2`` their (biased)
-empirical variance. The empirical Bernstein bound used is
+The relative stop. A rule keeps running bounds ``L_t <= mu <= U_t`` that hold for every
+``t`` at once with probability at least ``1 - delta``. An estimate ``mu_hat`` is within
+``(1 +/- eps)`` of every ``mu`` in ``[L, U]`` iff ``mu_hat <= (1 + eps) L`` and
+``mu_hat >= (1 - eps) U``, which some ``mu_hat`` satisfies iff
 
-    |Zbar_t - mu| <= c_t = sigma_t sqrt(2 x_t / t) + 3 R x_t / t     w.p. >= 1 - d_t,
+    (1 - eps) U_t <= (1 + eps) L_t.
 
-with ``x_t = -log(d_t / 3)`` and the ``d_t`` summing to at most ``delta`` so that it holds
-for every ``t`` at once:
+The rule stops at the first such ``t`` and returns
 
-* plain schedule: ``d_t = c / t^p``, ``c = delta (p - 1) / p`` (``sum_t d_t <= delta``);
-* geometric schedule (``beta > 1``): epochs ``k = 1, 2, ...``; at sample ``t``, if
-  ``t > floor(beta^k)`` then ``k += 1`` and ``x = -alpha log(d_k / 3)`` with
-  ``alpha = floor(beta^k) / floor(beta^(k-1))`` and ``d_k = c / k^p``; ``x_t`` is the
-  current ``x``. One ``d_k`` per epoch instead of one per sample (the paper's EBGStop).
+    mu_hat = 2 L U / (L + U),
 
-Starting from ``LB = 0, UB = inf``, from the second sample on
+the point of least worst-case relative error over ``[L, U]`` (it equalises
+``mu_hat / L - 1`` and ``1 - mu_hat / U``); it satisfies both inequalities exactly when
+the stop condition holds. As the bounds hold at every ``t`` at once they hold at the
+data-dependent stopping time, so ``Pr[|mu_hat - mu| <= eps mu] >= 1 - delta``.
 
-    LB <- max(LB, Zbar_t - c_t),     UB <- min(UB, Zbar_t + c_t),
+Two sources of bounds, in samples ``Z`` in ``[0, 1]``:
 
-and the rule stops as soon as ``(1 + eps) LB >= (1 - eps) UB``, returning
+* ``ebstop``: the betting confidence sequence of Waudby-Smith and Ramdas (JRSS-B 2023),
+  :mod:`.betting`, at ``alpha = delta`` on a grid of relative step ``eps / 20``. When the
+  bag size ``N`` is known it is the without-replacement version, for the bag's own mean.
+  Its range cost is ``log(2/delta) / (t c)`` *relative to* ``mu`` below (``c = 1/2``) and
+  relative to ``1 - mu`` above, against the absolute ``3 x_t / t`` of the bound below, so
+  on runtimes of small spread it needs tens of samples where the bound below needs
+  hundreds.
+* ``ebstop-msa`` (and ``ebstop-geo``): EBStop of Mnih, Szepesvari and Audibert (ICML 2008).
+  After ``t`` samples with mean ``Zbar_t`` and (biased) empirical variance ``sigma_t^2``,
 
-    mu_hat = ((1 + eps) LB + (1 - eps) UB) / 2,
+      |Zbar_t - mu| <= c_t = sigma_t sqrt(2 x_t / t) + 3 R x_t / t     w.p. >= 1 - d_t,
 
-which satisfies ``|mu_hat - mu| <= eps mu`` whenever ``LB <= mu <= UB``, hence with
-probability at least ``1 - delta``. The bound needs independent samples; drawing a bag's
-tasks without replacement only concentrates the mean further (Hoeffding 1963, Sec. 6).
+  with ``R = 1``, ``x_t = -log(d_t / 3)`` and the ``d_t`` summing to at most ``delta``:
+
+  - plain schedule: ``d_t = c / t^p``, ``c = delta (p - 1) / p``;
+  - geometric schedule (``beta > 1``, their EBGStop): epochs ``k = 1, 2, ...``; at sample
+    ``t``, if ``t > floor(beta^k)`` then ``k += 1`` and ``x = -alpha log(d_k / 3)`` with
+    ``alpha = floor(beta^k) / floor(beta^(k-1))``, ``d_k = c / k^p``; ``x_t`` is the
+    current ``x``.
+
+  The bounds are ``L_t = max_s (Zbar_s - c_s)``, ``U_t = min_s (Zbar_s + c_s)`` from the
+  second sample on. This bound treats samples as independent; drawing a bag's tasks
+  without replacement only concentrates a fixed-``t`` mean further (Hoeffding 1963,
+  Sec. 6).
 """
 
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from functools import lru_cache
 
 import numpy as np
 
+from .betting import BettingConfidenceSequence, TypicalBettingPath
 from .contract import Need, StoppingRule
 
 DEFAULT_P = 1.1
 DEFAULT_GEOMETRIC_BETA = 1.1
-_FIRST_BLOCK = 256
+# grid points of the betting sequence per eps of relative error
+GRID_STEPS_PER_EPS = 20
 
 
 @lru_cache(maxsize=64)
@@ -74,8 +92,106 @@ def bernstein_radius(sigma: np.ndarray, x: np.ndarray, t: np.ndarray, r: float =
     return sigma * np.sqrt(2.0 * x / t) + 3.0 * r * x / t
 
 
-class EBStopRule(StoppingRule):
-    """EBStop (``beta = 1``) or EBGStop (``beta > 1``) for a relative ``(eps, delta)`` estimate."""
+def relative_stop(lower: np.ndarray, upper: np.ndarray, eps: float) -> np.ndarray:
+    """Where ``(1 - eps) U <= (1 + eps) L``: some point is within ``(1 +/- eps)`` of all of ``[L, U]``."""
+    return (1.0 - eps) * upper <= (1.0 + eps) * lower
+
+
+def relative_point(lower: float, upper: float) -> float:
+    """``2 L U / (L + U)``: least worst-case relative error over ``[L, U]`` (0 if ``U = 0``)."""
+    return 2.0 * lower * upper / (lower + upper) if upper > 0.0 else 0.0
+
+
+class RelativeStopRule(StoppingRule):
+    """Stops when running bounds ``[lower, upper]`` on the mean of ``Z`` meet the relative
+    condition; subclasses give the bounds (:meth:`_scan`) and take in a prefix (:meth:`_commit`)."""
+
+    first_block = 256  # samples looked at together first; doubled on each further block
+
+    def __init__(self, eps: float, delta: float, r_max_s: float):
+        super().__init__(eps, delta, r_max_s)
+        self.lower = 0.0
+        self.upper = math.inf
+        self._stopped = False
+
+    def wants_more(self) -> bool:
+        return not self._stopped
+
+    def needed(self) -> Need:
+        return Need(0, 0) if self._stopped else Need(1, None)
+
+    @abstractmethod
+    def _scan(self, zs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The running bounds after each sample of ``zs``, without taking them in."""
+
+    @abstractmethod
+    def _commit(self, k: int) -> None:
+        """Take in the first ``k`` samples of the last :meth:`_scan`."""
+
+    def _consume(self, zs: np.ndarray) -> int:
+        used, block = 0, self.first_block
+        while used < zs.size and not self._stopped:
+            lower, upper = self._scan(zs[used : used + block])
+            hits = np.flatnonzero(relative_stop(lower, upper, self.eps))
+            take = int(hits[0]) + 1 if hits.size else lower.size
+            self._commit(take)
+            self.lower, self.upper = float(lower[take - 1]), float(upper[take - 1])
+            self._stopped = bool(hits.size)
+            used += take
+            block *= 2
+        return used
+
+    def _mean_z(self) -> float:
+        return relative_point(self.lower, self.upper)
+
+
+class BettingStopRule(RelativeStopRule):
+    """``ebstop``: the relative stop on the betting confidence sequence (:mod:`.betting`).
+
+    ``n_tasks``, the bag size, makes the bounds those of sampling the bag without
+    replacement; without it samples are taken as independent draws.
+    """
+
+    name = "ebstop"
+    first_block = 32  # a block costs samples x candidates; low-spread runs stop in tens
+
+    def __init__(self, eps: float, delta: float, r_max_s: float, n_tasks: int | None = None):
+        super().__init__(eps, delta, r_max_s)
+        self._sequence = BettingConfidenceSequence(delta, eps / GRID_STEPS_PER_EPS, population=n_tasks)
+
+    @property
+    def guarantee(self) -> str:
+        target = "the bag's mean runtime" if self._sequence.population else "the mean runtime"
+        return (
+            f"Pr[|mu_hat - mu| <= {self.eps:g} mu] >= {1 - self.delta:g} for {target}, runtimes "
+            "capped at R_max (betting confidence sequence, Waudby-Smith and Ramdas 2023)"
+        )
+
+    def _scan(self, zs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self._sequence.scan(zs)
+
+    def _commit(self, k: int) -> None:
+        self._sequence.commit(k)
+
+
+def betting_expected_samples(eps: float, delta: float, mu: float, sigma: float, limit: int) -> float:
+    """Samples ``ebstop`` takes on :class:`.betting.TypicalBettingPath` for ``Z`` of mean ``mu``
+    and standard deviation ``sigma`` (``inf`` past ``limit``). Real runs, whose noisy
+    paths stop early now and then, take somewhat fewer."""
+    path = TypicalBettingPath(mu, sigma, delta, eps / GRID_STEPS_PER_EPS)
+    block = BettingStopRule.first_block
+    while path.t < limit:
+        lower, upper = path.scan(block)
+        hits = np.flatnonzero(relative_stop(lower, upper, eps))
+        if hits.size:
+            return float(path.t + hits[0] + 1)
+        path.commit(block)
+        block *= 2
+    return math.inf
+
+
+class EBStopRule(RelativeStopRule):
+    """``ebstop-msa``: EBStop (``beta = 1``), or ``ebstop-geo``: EBGStop (``beta > 1``)."""
 
     def __init__(self, eps: float, delta: float, r_max_s: float, p: float = DEFAULT_P, beta: float = 1.0):
         super().__init__(eps, delta, r_max_s)
@@ -85,14 +201,12 @@ class EBStopRule(StoppingRule):
             raise ValueError(f"the geometric factor beta must be >= 1 (1 = plain EBStop), got {beta!r}")
         self.p = float(p)
         self.beta = float(beta)
-        self.name = "ebstop" if beta == 1.0 else "ebstop-geo"
+        self.name = "ebstop-msa" if beta == 1.0 else "ebstop-geo"
         self._t = 0  # samples taken into the bounds so far
         self._shift = math.nan  # the first sample: sums are of Z - shift, for accurate variances
         self._sum = 0.0
         self._sum_sq = 0.0
-        self.lower = 0.0
-        self.upper = math.inf
-        self._stopped = False
+        self._scanned: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def guarantee(self) -> str:
@@ -101,34 +215,20 @@ class EBStopRule(StoppingRule):
             "runtimes capped at R_max (empirical-Bernstein stopping, Mnih et al. 2008)"
         )
 
-    def wants_more(self) -> bool:
-        return not self._stopped
-
     def needed(self) -> Need:
         if self._stopped:
             return Need(0, 0)
-        return Need(max(1, 2 - self._t), None)
+        return Need(max(1, 2 - self._t), None)  # no bound from a single sample
 
-    def _consume(self, zs: np.ndarray) -> int:
-        used, block = 0, _FIRST_BLOCK
-        while used < zs.size:
-            took = self._consume_block(zs[used : used + block])
-            used += took
-            if self._stopped:
-                break
-            block *= 2
-        return used
-
-    def _consume_block(self, zs: np.ndarray) -> int:
+    def _scan(self, zs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         t0 = self._t
-        if t0 == 0:
-            self._shift = float(zs[0])
+        shift = float(zs[0]) if t0 == 0 else self._shift
         t = np.arange(t0 + 1, t0 + zs.size + 1, dtype=float)
-        shifted = zs - self._shift
+        shifted = zs - shift
         sums = self._sum + np.cumsum(shifted)
         sums_sq = self._sum_sq + np.cumsum(shifted * shifted)
         mean_shifted = sums / t
-        mean = self._shift + mean_shifted
+        mean = shift + mean_shifted
         sigma = np.sqrt(np.maximum(sums_sq / t - mean_shifted * mean_shifted, 0.0))
         x = log_terms(self.delta, self.p, self.beta, int(t[-1]))[t0 + 1 : t0 + zs.size + 1]
         radius = np.full(zs.size, np.inf)  # no bound from a single sample
@@ -136,14 +236,14 @@ class EBStopRule(StoppingRule):
         radius[ok] = bernstein_radius(sigma[ok], x[ok], t[ok])
         lower = np.maximum(self.lower, np.maximum.accumulate(mean - radius))
         upper = np.minimum(self.upper, np.minimum.accumulate(mean + radius))
-        stop = (1.0 + self.eps) * lower >= (1.0 - self.eps) * upper
-        hits = np.flatnonzero(stop)
-        last = int(hits[0]) if hits.size else zs.size - 1
-        self._sum, self._sum_sq = float(sums[last]), float(sums_sq[last])
-        self.lower, self.upper = float(lower[last]), float(upper[last])
-        self._stopped = bool(hits.size)
-        self._t += last + 1
-        return last + 1
+        self._shift = shift
+        self._scanned = (sums, sums_sq)
+        return lower, upper
 
-    def _mean_z(self) -> float:
-        return ((1.0 + self.eps) * self.lower + (1.0 - self.eps) * self.upper) / 2.0
+    def _commit(self, k: int) -> None:
+        if self._scanned is None:
+            raise RuntimeError("_commit() must follow _scan()")
+        sums, sums_sq = self._scanned
+        self._sum, self._sum_sq = float(sums[k - 1]), float(sums_sq[k - 1])
+        self._t += k
+        self._scanned = None

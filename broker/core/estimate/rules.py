@@ -1,8 +1,10 @@
 """The stopping rules by name, and what each is expected to cost before sampling starts.
 
 Names: ``aa`` (published AA), ``aa-thesis`` (the thesis's simplified constants), ``bats``
-(BaTS's fixed n; needs the bag size), ``ebstop`` (empirical-Bernstein stopping) and
-``ebstop-geo`` (the same with the geometric schedule).
+(BaTS's fixed n; needs the bag size), ``ebstop`` (the relative stop on a betting confidence
+sequence; without replacement when the bag size is given), ``ebstop-msa`` (the same stop on
+the empirical-Bernstein bound of Mnih et al.) and ``ebstop-geo`` (that bound with their
+geometric schedule). See :mod:`broker.core.estimate.ebstop`.
 
 Expected sample counts, for ``Z = runtime / R_max`` with mean ``mu`` and standard deviation
 ``sigma`` (both as fractions of ``R_max``):
@@ -12,8 +14,12 @@ Expected sample counts, for ``Z = runtime / R_max`` with mean ``mu`` and standar
   of :mod:`broker.core.estimate.aa` (``E[(Z - Z')^2 / 2] = sigma^2``). Roughly
   ``proportional to 1 / mu``: halving ``R_max`` when every runtime fits under it about
   halves the count.
-* ``ebstop(-geo)``: the first ``t`` with ``c_t(sigma, x_t) <= eps mu`` (the stopping test
-  ``(1 + eps) LB >= (1 - eps) UB`` with ``LB, UB = mu -/+ c_t``).
+* ``ebstop``: where the betting bounds meet the stopping test
+  ``(1 - eps) U <= (1 + eps) L`` along the path of expected log-gains
+  (:class:`broker.core.estimate.betting.TypicalBettingPath`); real runs stop up to about
+  a fifth earlier (their noisy paths cross the level sooner), so this errs high.
+* ``ebstop-msa``, ``ebstop-geo``: the first ``t`` with ``c_t(sigma, x_t) <= eps mu`` (the
+  stopping test with ``L, U = mu -/+ c_t``).
 * ``bats``: its fixed ``n``.
 """
 
@@ -27,9 +33,17 @@ import numpy as np
 from .aa import AARule, ThesisAARule
 from .bats import BatsRule, bats_sample_size
 from .contract import StoppingRule
-from .ebstop import DEFAULT_GEOMETRIC_BETA, DEFAULT_P, EBStopRule, bernstein_radius, log_terms
+from .ebstop import (
+    DEFAULT_GEOMETRIC_BETA,
+    DEFAULT_P,
+    BettingStopRule,
+    EBStopRule,
+    bernstein_radius,
+    betting_expected_samples,
+    log_terms,
+)
 
-RULE_NAMES = ("aa", "aa-thesis", "bats", "ebstop", "ebstop-geo")
+RULE_NAMES = ("aa", "aa-thesis", "bats", "ebstop", "ebstop-msa", "ebstop-geo")
 # Past this many samples the expected count of ebstop is reported as unbounded (inf).
 _EBSTOP_SEARCH_LIMIT = 1 << 20
 
@@ -45,6 +59,8 @@ def make_rule(name: str, eps: float, delta: float, r_max_s: float, n_tasks: int 
             raise ValueError("rule 'bats' needs the bag size N to size its sample")
         return BatsRule(eps, delta, r_max_s, n_tasks)
     if name == "ebstop":
+        return BettingStopRule(eps, delta, r_max_s, n_tasks=n_tasks)
+    if name == "ebstop-msa":
         return EBStopRule(eps, delta, r_max_s)
     if name == "ebstop-geo":
         return EBStopRule(eps, delta, r_max_s, beta=DEFAULT_GEOMETRIC_BETA)
@@ -68,8 +84,10 @@ def expected_samples(rule: str, eps: float, delta: float, mu_guess: float, sigma
         return float(sra + 2 * aa.pair_count(mu_guess) + aa.final_count(rho, mu_guess))
     if rule == "bats":
         return float(bats_sample_size(n_tasks, eps, delta))
-    if rule in ("ebstop", "ebstop-geo"):
-        beta = 1.0 if rule == "ebstop" else DEFAULT_GEOMETRIC_BETA
+    if rule == "ebstop":
+        return betting_expected_samples(eps, delta, mu_guess, sigma_guess, _EBSTOP_SEARCH_LIMIT)
+    if rule in ("ebstop-msa", "ebstop-geo"):
+        beta = 1.0 if rule == "ebstop-msa" else DEFAULT_GEOMETRIC_BETA
         return _ebstop_expected(eps, delta, mu_guess, sigma_guess, beta)
     raise ValueError(f"unknown stopping rule {rule!r}; choose one of {', '.join(RULE_NAMES)}")
 
