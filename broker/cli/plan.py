@@ -1,11 +1,18 @@
 """``broker plan``: the Pareto front of makespan against cost for a bag, and the chosen point.
 
     broker plan --inventory INV [BAG | --tasks N --mean-runtime DUR [--runtime-sd DUR]]
+                [--sample RULE [--eps E] [--delta D] [--run-dir DIR]]
                 [--deadline DUR | --budget USD | --point K | --theta X]
                 [--policy broker|bats] [--json] [--plot FILE.png]
 
 The work planned for is the point estimate plus 1.645 standard deviations of the sum of the
 task runtimes (sd x sqrt(n): a one-sided 95% upper value when runtimes are independent).
+
+With ``--sample RULE`` the mean runtime is learnt by running random tasks of the bag on the
+inventory's local private nodes until the stopping rule's (eps, delta) contract is met
+(ALGORITHMS.md 2.1, 2.2; the runner is :mod:`broker.shells.sampling_runner`). The tasks that finished while
+sampling are done: the plan covers the others only (``work.tasks`` in ``--json``), and
+``RUN_DIR/samples.json`` lists them for ``broker run``.
 """
 
 from __future__ import annotations
@@ -15,10 +22,18 @@ import json
 import math
 import statistics
 import sys
+import time
+from pathlib import Path
 from typing import Sequence
+
+import structlog
 
 from broker.cli import UsageError
 from broker.config.durations import format_duration, parse_duration
+from broker.core.estimate import Estimate
+from broker.core.estimate.rules import RULE_NAMES
+from broker.core.model import Bag
+from broker.shells.sampling_runner import SamplingInterrupted, SamplingStopped, samples_document
 from broker.core.plan import (
     Goal,
     NoFeasiblePlan,
@@ -32,7 +47,7 @@ from broker.core.plan import (
 # One-sided 95% normal quantile for the upper value of the total work.
 _UPPER_Z = 1.645
 _NO_ESTIMATES = (
-    "this bag has no estimate columns: give --mean-runtime, or sample (--sample, coming with estimation)"
+    "this bag has no estimate columns: give --mean-runtime, or learn it by running samples (--sample ebstop)"
 )
 
 
@@ -48,6 +63,18 @@ def register(subparsers) -> None:
     p.add_argument("--tasks", type=int, metavar="N", help="number of tasks (instead of a bag)")
     p.add_argument("--mean-runtime", metavar="DUR", help="mean task runtime on a speed-1 slot, e.g. 10m")
     p.add_argument("--runtime-sd", metavar="DUR", help="standard deviation of a task's runtime")
+    sampling = p.add_argument_group("sampling (learn the mean runtime by running random tasks of BAG)")
+    sampling.add_argument("--sample", choices=RULE_NAMES, metavar="RULE",
+                          help=f"stopping rule: {', '.join(RULE_NAMES)}; tasks run on the inventory's "
+                          "local private nodes and count as done (--mean-runtime is then only a guess "
+                          "for the expected sample count)")
+    sampling.add_argument("--eps", type=float, default=0.1, metavar="E",
+                          help="relative error of the mean (default 0.1)")
+    sampling.add_argument("--delta", type=float, default=0.05, metavar="D",
+                          help="probability of missing it (default 0.05)")
+    sampling.add_argument("--run-dir", metavar="DIR",
+                          help="where the agents' state, the task outputs and samples.json go "
+                          "(default: a new ./runs/plan-<timestamp>/)")
     add_goal_arguments(p)
     p.add_argument("--policy", choices=("broker", "bats"), default="broker",
                    help="broker: the front and the ILP (default); bats: BaTS's configuration (needs --budget)")
@@ -135,12 +162,18 @@ def _duration(flag: str, text: str | None) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import structlog
-
     from broker.config.inventory import load_inventory
 
     goal = goal_from_args(args)
-    work = work_from_args(args)
+    sampled: Estimate | None = None
+    if args.sample:
+        try:
+            work, sampled = work_by_sampling(args)
+        except SamplingStopped as exc:
+            print(f"broker plan: {exc}", file=sys.stderr)
+            return 130 if isinstance(exc, SamplingInterrupted) else 1
+    else:
+        work = work_from_args(args)
     inventory = load_inventory(args.inventory)
     types, private = inventory.types, inventory.private
     chosen: Plan | None = None
@@ -178,13 +211,17 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         _plot(front, chosen, args.plot)
     if args.json:
-        print(json.dumps({
+        document = {
             "work": {"tasks": work.tasks, "mean_ref_s": work.mean_ref_s,
                      "total_ref_s": work.tasks * work.mean_ref_s, "planned_ref_s": work.total_ref_s},
             "front": [p.row() for p in front],
             "chosen": chosen.row() if chosen else None,
             "solve_ms": round(solve_ms, 3),
-        }))
+        }
+        if sampled is not None:
+            document["sample"] = {"rule": sampled.rule, "samples": sampled.samples, "mean_ref_s": sampled.mean_ref_s,
+                                  "eps": sampled.eps, "delta": sampled.delta, "capped": sampled.capped}
+        print(json.dumps(document))
         if reason:
             print(f"broker plan: {reason}", file=sys.stderr)
     else:
@@ -192,6 +229,208 @@ def run(args: argparse.Namespace) -> int:
         if reason:
             print(f"cannot meet {goal.describe() if goal else 'the goal'}: {reason}")
     return 1 if reason else 0
+
+
+# -- sampling -------------------------------------------------------------------------------
+# Progress goes to the log every this many completed draws when stderr is not a terminal.
+_PROGRESS_EVERY = 10
+# The tighter timeout offered: max(_TIGHTER_MEANS x mean, mean + _TIGHTER_SDS x sd); it is
+# only offered when the bag's timeout is at least _LOOSE_FACTOR times that.
+_TIGHTER_MEANS = 2.0
+_TIGHTER_SDS = 3.0
+_LOOSE_FACTOR = 2.0
+
+
+def work_by_sampling(args: argparse.Namespace) -> tuple[Work, Estimate]:
+    """Run random tasks of the bag on the inventory's local nodes until ``--sample``'s rule
+    is satisfied; the work is what is left, at the estimated mean.
+
+    The planned work is ``m mu + 1.645 sd sqrt(m)`` for the ``m`` tasks not done while
+    sampling, with ``mu`` the rule's estimate and ``sd`` the spread of the samples it used.
+    Raises :class:`~broker.shells.sampling_runner.SamplingStopped` (after writing
+    ``samples.json``) when sampling ends without an estimate.
+    """
+    import numpy as np
+
+    from broker.config.bag import load_bag
+    from broker.config.inventory import load_inventory
+    from broker.core.estimate import make_rule
+    from broker.shells.sampling_runner import attached_local_nodes, sample_bag
+
+    if not args.bag:
+        raise UsageError("--sample runs tasks of a bag: give the bag file")
+    if args.tasks is not None:
+        raise UsageError("--sample learns the runtimes of a bag: drop --tasks")
+    for flag, value in (("--eps", args.eps), ("--delta", args.delta)):
+        if not 0 < value < 1:
+            raise UsageError(f"{flag}: must lie strictly between 0 and 1, got {value:g}")
+    guess_mean_s = _duration("--mean-runtime", args.mean_runtime)
+    guess_sd_s = _duration("--runtime-sd", args.runtime_sd)
+    bag = load_bag(args.bag)
+    inventory = load_inventory(args.inventory)
+    local = [n for n in inventory.private if n.local]
+    if not local:
+        raise UsageError(f"sampling runs tasks on this machine: {args.inventory} has no private node with "
+                         "'local: true' (give one, or plan with --mean-runtime)")
+    notes = sys.stderr if args.json else sys.stdout
+    skipped = [n.name for n in inventory.private if not n.local]
+    if skipped:
+        print(f"sampling on the local node(s) only; not on {', '.join(skipped)}", file=notes)
+    rule = make_rule(args.sample, args.eps, args.delta, bag.timeout_s, n_tasks=len(bag))
+    if guess_mean_s is None:
+        per_task = [statistics.fmean(t.estimates_s.values()) for t in bag.tasks if t.estimates_s]
+        if per_task:
+            guess_mean_s = statistics.fmean(per_task)
+            guess_sd_s = statistics.stdev(per_task) if len(per_task) > 1 else None
+    print(expectation_lines(args.sample, args.eps, args.delta, bag.timeout_s, len(bag), guess_mean_s, guess_sd_s),
+          file=notes)
+
+    run_dir = _new_run_dir(args.run_dir)
+    seed = int(np.random.SeedSequence().entropy)
+    slots = sum(n.slots for n in local)
+    log = structlog.get_logger()
+    log.info("sample.start", rule=args.sample, eps=args.eps, delta=args.delta, tasks=len(bag), r_max_s=bag.timeout_s,
+             nodes=[n.name for n in local], slots=slots, run_dir=str(run_dir), seed=seed)
+    progress = _ProgressView(args.sample, args.eps, args.delta, bag.timeout_s, len(bag))
+    samples_path = run_dir / "samples.json"
+    with attached_local_nodes(local, run_dir) as (nodes, inbox):
+        try:
+            outcome = sample_bag(bag, nodes, inbox, rule, np.random.default_rng(seed), cwd=_task_cwd(bag),
+                                 on_progress=progress)
+        except SamplingStopped as exc:
+            progress.close()
+            _write_json(samples_path, samples_document(exc.tasks, failures=exc.failures) | {"seed": seed})
+            exc.args = (f"{exc.args[0]}\n(the tasks that ran are listed in {samples_path})",)
+            raise
+        progress.close()
+    _write_json(samples_path, samples_document(outcome.tasks, outcome.estimate, outcome.cancelled,
+                                               outcome.failures) | {"seed": seed})
+    estimate = outcome.estimate
+    used = outcome.used_ref_s
+    sd_s = statistics.stdev(used) if len(used) > 1 else 0.0
+    done = len(outcome.done_task_ids)
+    remaining = len(bag) - done
+    print(sampled_lines(estimate, len(outcome.tasks), done, remaining, len(outcome.cancelled), samples_path),
+          file=notes)
+    planned = remaining * estimate.mean_ref_s + _UPPER_Z * sd_s * math.sqrt(remaining)
+    return Work(total_ref_s=planned, tasks=remaining, mean_ref_s=estimate.mean_ref_s, sd_ref_s=sd_s), estimate
+
+
+def expectation_lines(rule: str, eps: float, delta: float, r_max_s: float, n_tasks: int,
+                      guess_mean_s: float | None, guess_sd_s: float | None) -> str:
+    """What sampling is expected to cost, said before it starts; and, when the timeout is
+    loose against the guessed runtimes, how many samples a tighter one would save."""
+    from broker.core.estimate import expected_samples, tighter_rmax_saving
+
+    head = f"sampling with {rule} (eps {eps:g}, delta {delta:g}), R_max = the bag's timeout {_duration_text(r_max_s)}"
+    if rule == "bats":
+        count = expected_samples(rule, eps, delta, 1.0, 0.0, n_tasks)
+        return f"{head}\n  samples: {count:.0f} of {n_tasks} tasks (fixed by BaTS's formula)"
+    if guess_mean_s is None or not 0 < guess_mean_s:
+        half, tenth = (expected_samples(rule, eps, delta, mu, mu / 2, n_tasks) for mu in (0.5, 0.1))
+        return (f"{head}\n  expected samples: ~{half:.0f} if tasks take about half the timeout, ~{tenth:.0f} if a "
+                f"tenth (of {n_tasks} tasks; give --mean-runtime for a closer figure)")
+    mean_s = min(guess_mean_s, r_max_s)
+    sd_s = guess_sd_s if guess_sd_s is not None else mean_s / 2
+    now = expected_samples(rule, eps, delta, mean_s / r_max_s, min(sd_s / r_max_s, 1.0), n_tasks)
+    lines = [head, f"  expected samples: ~{now:.0f} of {n_tasks} tasks, if tasks take about "
+                   f"{_duration_text(mean_s)} +/- {_duration_text(sd_s)}"]
+    tighter_s = max(_TIGHTER_MEANS * mean_s, mean_s + _TIGHTER_SDS * sd_s)
+    if r_max_s >= _LOOSE_FACTOR * tighter_s:
+        saving = tighter_rmax_saving(rule, eps, delta, mean_s, sd_s, r_max_s, tighter_s, n_tasks)
+        lines.append(f"  the timeout is loose: with timeout {_duration_text(tighter_s)} sampling would take "
+                     f"~{saving.samples_tighter:.0f} samples ({saving.saved:.0f} fewer)")
+    return "\n".join(lines)
+
+
+def sampled_lines(estimate: Estimate, completed: int, done: int, remaining: int, cancelled: int,
+                  samples_path: object) -> str:
+    """The estimate, and what sampling already did of the bag."""
+    extra = completed - estimate.samples
+    lines = [f"sampled: mean {estimate.mean_ref_s:.3g} ref-s from {estimate.samples} samples ({estimate.rule}, "
+             f"eps {estimate.eps:g}, delta {estimate.delta:g}; {estimate.capped} hit the timeout)",
+             f"  {estimate.guarantee}"]
+    lines += [f"  warning: {w}" for w in estimate.warnings]
+    lines.append(f"  {done} tasks done while sampling ({extra} beyond the rule's need"
+                 + (f", {cancelled} cancelled" if cancelled else "")
+                 + f"): planning the other {remaining}; list in {samples_path}")
+    return "\n".join(lines)
+
+
+class _ProgressView:
+    """Sampling progress: one line rewritten in place on a terminal, else a ``sample.progress``
+    event every ``_PROGRESS_EVERY`` completed draws. The expected total is re-derived from the
+    samples so far."""
+
+    def __init__(self, rule: str, eps: float, delta: float, r_max_s: float, n_tasks: int) -> None:
+        self.rule, self.eps, self.delta, self.r_max_s, self.n_tasks = rule, eps, delta, r_max_s, n_tasks
+        self.tty = sys.stderr.isatty()
+        self.expected: float | None = None
+        self.logged_at = 0
+        self.width = 0
+
+    def __call__(self, p) -> None:
+        if p.completed >= 2 and p.mean_ref_s and (self.expected is None or p.completed % _PROGRESS_EVERY == 0):
+            from broker.core.estimate import expected_samples
+
+            mu = min(p.mean_ref_s / self.r_max_s, 1.0)
+            self.expected = expected_samples(self.rule, self.eps, self.delta, mu, (p.sd_ref_s or 0.0) / self.r_max_s,
+                                             self.n_tasks)
+        mean = "-" if p.mean_ref_s is None else f"{p.mean_ref_s:.3g}s"
+        if self.tty:
+            total = "" if self.expected is None else f"/~{min(self.expected, self.n_tasks):.0f}"
+            line = f"sampling: {p.completed}{total} done, {p.running} running, mean so far {mean}"
+            if p.failures:
+                line += f", {p.failures} failed"
+            sys.stderr.write("\r" + line.ljust(self.width))
+            sys.stderr.flush()
+            self.width = len(line)
+        elif p.completed - self.logged_at >= _PROGRESS_EVERY:
+            self.logged_at = p.completed
+            structlog.get_logger().info("sample.progress", completed=p.completed, running=p.running,
+                                        mean_ref_s=p.mean_ref_s, expected_samples=self.expected, failures=p.failures)
+
+    def close(self) -> None:
+        if self.tty and self.width:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+            self.width = 0
+
+
+def _duration_text(seconds: float) -> str:
+    """Like format_duration, with sub-minute times to three figures (test bags run in ms)."""
+    return f"{seconds:.3g}s" if seconds < 60 else format_duration(seconds)
+
+
+def _new_run_dir(given: str | None) -> Path:
+    """``--run-dir``, or a new ``./runs/plan-<timestamp>`` (never an existing one)."""
+    if given is not None:
+        path = Path(given)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for suffix in [""] + [f"-{k}" for k in range(2, 100)]:
+        path = Path("runs") / f"plan-{stamp}{suffix}"
+        try:
+            path.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        return path
+    raise UsageError(f"cannot create a new run directory under {Path('runs').resolve()}: give --run-dir")
+
+
+def _task_cwd(bag: Bag) -> str | None:
+    """The bag's workdir on this machine: ``~`` expanded, relative to the bag file's folder."""
+    if bag.workdir is None:
+        return None
+    path = Path(bag.workdir).expanduser()
+    if not path.is_absolute() and bag.source:
+        path = Path(bag.source).parent / path
+    return str(path.resolve())
+
+
+def _write_json(path: Path, document: dict) -> None:
+    path.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
 
 
 def render_table(work: Work, types: Sequence, front: Sequence[Plan], chosen: Plan | None) -> str:
