@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
-import sys
 
 import pytest
 

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import queue
 import secrets
 import signal
 import sys
-import time
 from contextlib import ExitStack
 from datetime import datetime, timezone
 from pathlib import Path
@@ -262,7 +260,7 @@ def render_report(report) -> str:
         f"{report.tasks_total - report.tasks_done - report.tasks_failed} left of {report.tasks_total}; "
         f"{report.samples} samples",
         f"  instances launched: {report.instances_launched}"
-        + (f"; budget stop" if report.budget_stopped else ""),
+        + ("; budget stop" if report.budget_stopped else ""),
     ]
     for name, usd in sorted(report.cost_by_type_usd.items()):
         lines.append(f"  cost {name}: ${usd:.4f}")

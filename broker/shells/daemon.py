@@ -351,7 +351,7 @@ class Daemon:
     def _wind_down(self) -> str:
         """Release every instance, stop every agent, close the run in the journal."""
         now = self.clock.now_s()
-        cause = "user_stop" if self.stop_reason == "user_stop" else "bag_done"
+        cause = "user_stop" if self.stop_reason in ("user_stop", "declined") else "bag_done"
         if self.scheduler is not None:
             self.scheduler.shutdown(wait=False)
         for node in list(self.nodes.values()):
@@ -402,14 +402,13 @@ class Daemon:
             self._stop_now()
             return
         tick = changed = False
-        control = []
         acks: dict[str, list[tuple[str, int]]] = defaultdict(list)
-        with self.journal.batch():
-            for node_id, message in messages:
-                if node_id is None:
-                    control.append(message)
-                else:
-                    changed |= self._on_agent_message(node_id, message, acks)
+        control = [message for node_id, message in messages if node_id is None]
+        if len(control) < len(messages):
+            with self.journal.batch():
+                for node_id, message in messages:
+                    if node_id is not None:
+                        changed |= self._on_agent_message(node_id, message, acks)
         for node_id, keys in acks.items():
             client = self.nodes[node_id].client if node_id in self.nodes else None
             if client is not None:
