@@ -79,6 +79,7 @@ class _Scratch:
     actions: list[Action] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     taken: set[str] = field(default_factory=set)
+    used_slots: set[tuple[str, int]] = field(default_factory=set)  # slots given work in this decision
     release: dict[str, float] = field(default_factory=dict)  # releases changed by this decision
     launched_usd: float = 0.0
 
@@ -157,6 +158,7 @@ class Controller:
                 if tid is None:
                     return memory
                 s.taken.add(tid)
+                s.used_slots.add((node.id, slot))
                 s.actions.append(Assign(tid, SlotRef(node.id, slot), 1, "sampling"))
                 wanted -= 1
         return memory
@@ -235,7 +237,10 @@ class Controller:
     def _solve(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork) -> PlanResult:
         pin = self._planner_input(snap, now, rem)
         if self.goal.kind == "budget":
-            budget_left = float(self.goal.value) - self._planned_spend(snap, {}, now)
+            # The planner sees existing instances paid up to their current boundary and
+            # decides their extensions itself, so it gets the budget minus what is charged,
+            # not minus the units already scheduled (that would count them twice).
+            budget_left = float(self.goal.value) - snap.committed_usd
             return self.planner.fastest_within(pin, budget_left, rem.point_ref_s)
         deadline_s = (memory.deadline_at_s or math.inf) - now
         return self.planner.cheapest_by(pin, deadline_s)
@@ -443,7 +448,7 @@ class Controller:
                 continue
             release = s.release_of(node) if not node.is_private else None
             for slot in node.free_slots():
-                if release is not None and release <= now:
+                if (node.id, slot) in s.used_slots or (release is not None and release <= now):
                     continue
                 limit_ref = math.inf
                 if fit_rule and release is not None:
