@@ -35,7 +35,8 @@ def register(subparsers) -> None:
         "run",
         help="run a bag: plan, confirm, launch, dispatch, release (--dry-run: moto + local agents)",
         description="Run a bag of tasks within a goal. The plan table is printed before anything is "
-        "spent. A run directory with a journal is resumed.",
+        "spent. Resuming an interrupted run is not built yet: `broker down RUN_DIR` releases what it "
+        "holds.",
     )
     p.add_argument("--inventory", required=True, metavar="INV", help="inventory file (YAML)")
     p.add_argument("bag", help="bag file (YAML)")
