@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import structlog
+from structlog.testing import capture_logs
 
 from broker.cli import main
-from broker.cli.plan import expectation_lines
+from broker.cli.plan import SamplingProgressView, expectation_lines
 from broker.shells.local_transport import local_agent_pid
+from broker.shells.sampling_runner import SampleProgress
 
 INVENTORY = """
 private:
@@ -152,3 +156,39 @@ def test_no_agent_process_is_left_behind(files, capsys):
         except OSError:
             continue
     assert not alive
+
+
+def test_a_run_dir_that_already_holds_agents_is_refused(files, capsys):
+    assert plan(files, "--sample", "bats", "--eps", "0.5", "--delta", "0.1", "--json") == 0
+    capsys.readouterr()
+    assert plan(files, "--sample", "bats", "--eps", "0.5", "--delta", "0.1", "--json") == 2
+    assert "holds the agents of an earlier run" in capsys.readouterr().err
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_one_line_rewritten_on_a_terminal_and_events_otherwise(monkeypatch):
+    reports = [SampleProgress(completed=k, running=3, mean_ref_s=1.0 + k / 100, sd_ref_s=0.5, failures=0)
+               for k in range(1, 26)] + [SampleProgress(25, 0, 1.25, 0.5, 0, finished=True)]
+
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    view = SamplingProgressView("ebstop", 0.1, 0.05, 10.0, 1000)
+    for report in reports:
+        view(report)
+    text = terminal.getvalue()
+    assert text.count("\n") == 1 and text.endswith("\n"), "one line, ended once sampling finished"
+    last = text.rstrip("\n").rsplit("\r", 1)[1].rstrip()
+    assert last == "sampling: 25/~" + last.split("/~")[1].split()[0] + " done, 0 running, mean so far 1.25s"
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    with capture_logs() as events:
+        view = SamplingProgressView("ebstop", 0.1, 0.05, 10.0, 1000)
+        for report in reports:
+            view(report)
+    progress = [e for e in events if e["event"] == "sample.progress"]
+    assert [e["completed"] for e in progress] == [10, 20]
+    assert all(e["expected_samples"] > e["completed"] for e in progress)

@@ -33,7 +33,7 @@ from broker.config.durations import format_duration, parse_duration
 from broker.core.estimate import Estimate
 from broker.core.estimate.rules import RULE_NAMES
 from broker.core.model import Bag
-from broker.shells.sampling_runner import SamplingInterrupted, SamplingStopped, samples_document
+from broker.shells.sampling_runner import AGENTS_DIR, SamplingInterrupted, SamplingStopped, samples_document
 from broker.core.plan import (
     Goal,
     NoFeasiblePlan,
@@ -291,7 +291,7 @@ def work_by_sampling(args: argparse.Namespace) -> tuple[Work, Estimate]:
     log = structlog.get_logger()
     log.info("sample.start", rule=args.sample, eps=args.eps, delta=args.delta, tasks=len(bag), r_max_s=bag.timeout_s,
              nodes=[n.name for n in local], slots=slots, run_dir=str(run_dir), seed=seed)
-    progress = _ProgressView(args.sample, args.eps, args.delta, bag.timeout_s, len(bag))
+    progress = SamplingProgressView(args.sample, args.eps, args.delta, bag.timeout_s, len(bag))
     samples_path = run_dir / "samples.json"
     with attached_local_nodes(local, run_dir) as (nodes, inbox):
         try:
@@ -300,8 +300,8 @@ def work_by_sampling(args: argparse.Namespace) -> tuple[Work, Estimate]:
         except SamplingStopped as exc:
             progress.close()
             _write_json(samples_path, samples_document(exc.tasks, failures=exc.failures) | {"seed": seed})
-            exc.args = (f"{exc.args[0]}\n(the tasks that ran are listed in {samples_path})",)
-            raise
+            raise type(exc)(f"{exc}\n(the tasks that ran are listed in {samples_path})", exc.tasks,
+                            exc.failures) from None
         progress.close()
     _write_json(samples_path, samples_document(outcome.tasks, outcome.estimate, outcome.cancelled,
                                                outcome.failures) | {"seed": seed})
@@ -357,7 +357,7 @@ def sampled_lines(estimate: Estimate, completed: int, done: int, remaining: int,
     return "\n".join(lines)
 
 
-class _ProgressView:
+class SamplingProgressView:
     """Sampling progress: one line rewritten in place on a terminal, else a ``sample.progress``
     event every ``_PROGRESS_EVERY`` completed draws. The expected total is re-derived from the
     samples so far."""
@@ -378,13 +378,16 @@ class _ProgressView:
                                              self.n_tasks)
         mean = "-" if p.mean_ref_s is None else f"{p.mean_ref_s:.3g}s"
         if self.tty:
-            total = "" if self.expected is None else f"/~{min(self.expected, self.n_tasks):.0f}"
+            expected = None if self.expected is None else min(self.expected, self.n_tasks)
+            total = f"/~{expected:.0f}" if expected is not None and expected > p.completed else ""
             line = f"sampling: {p.completed}{total} done, {p.running} running, mean so far {mean}"
             if p.failures:
                 line += f", {p.failures} failed"
             sys.stderr.write("\r" + line.ljust(self.width))
             sys.stderr.flush()
             self.width = len(line)
+            if p.finished:
+                self.close()
         elif p.completed - self.logged_at >= _PROGRESS_EVERY:
             self.logged_at = p.completed
             structlog.get_logger().info("sample.progress", completed=p.completed, running=p.running,
@@ -406,6 +409,9 @@ def _new_run_dir(given: str | None) -> Path:
     """``--run-dir``, or a new ``./runs/plan-<timestamp>`` (never an existing one)."""
     if given is not None:
         path = Path(given)
+        if (path / AGENTS_DIR).exists():
+            # The agents there remember the attempts they ran and would refuse to run them again.
+            raise UsageError(f"--run-dir: {path} holds the agents of an earlier run; give a new directory")
         path.mkdir(parents=True, exist_ok=True)
         return path
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -436,7 +442,7 @@ def _write_json(path: Path, document: dict) -> None:
 def render_table(work: Work, types: Sequence, front: Sequence[Plan], chosen: Plan | None) -> str:
     """The front as rows: index, makespan, cost, machines per type (with billing), status."""
     lines = [
-        f"work: {work.tasks} tasks x {format_duration(work.mean_ref_s)} mean on a speed-1 slot = "
+        f"work: {work.tasks} tasks x {_duration_text(work.mean_ref_s)} mean on a speed-1 slot = "
         f"{work.tasks * work.mean_ref_s:.0f} ref-s; planned for {work.total_ref_s:.0f} ref-s"
     ]
     rows = [(str(k), p) for k, p in enumerate(front, 1)]

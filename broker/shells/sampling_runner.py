@@ -30,9 +30,8 @@ agent itself. Ctrl-C, a lost node, a bag too small for the rule: a :class:`Sampl
 subclass carrying the draws completed so far, so that none of that work is forgotten.
 
 Events: ``sample.setup`` (node, runtime_s), ``sample.timeout`` (task, node, runtime_s),
-``sample.failure`` (task, node, attempt, exit_code, error), ``sample.cancelled`` (tasks),
-``sample.done`` (rule, samples, mean_ref_s, eps, delta, capped, completed, extra,
-cancelled, wall_s).
+``sample.failure`` (task, node, attempt, exit_code, error), ``sample.done`` (rule, samples,
+mean_ref_s, eps, delta, capped, completed, extra, cancelled, wall_s).
 """
 
 from __future__ import annotations
@@ -59,6 +58,7 @@ from workers.protocol import Result, Run
 log = structlog.get_logger()
 
 SETUP_TASK_ID = "broker.setup"
+AGENTS_DIR = "agents"  # under the run dir: one agent state directory per local node
 DEFAULT_MAX_FAILURES = 3
 # Once cancelled, a draw's Result is waited for at most this long (the agent's SIGTERM to
 # SIGKILL grace is shorter); a draw still unreported is counted as cancelled anyway.
@@ -130,6 +130,7 @@ class SampleProgress:
     mean_ref_s: float | None  # of the completed draws, capped at R_max
     sd_ref_s: float | None
     failures: int
+    finished: bool = False  # the last report: the rule is satisfied and the extra draws settled
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +271,8 @@ class _Runner:
             r_max_s=self.r_max_s,
         )
         extra = sum(1 for t in outcome.tasks.values() if not t.used)
+        if self.on_progress is not None:
+            self.on_progress(self._progress(finished=True))
         log.info("sample.done", rule=estimate.rule, samples=estimate.samples, mean_ref_s=estimate.mean_ref_s,
                  eps=estimate.eps, delta=estimate.delta, capped=estimate.capped, completed=len(outcome.tasks),
                  extra=extra, cancelled=len(self.cancelled), wall_s=round(time.monotonic() - started, 3))
@@ -332,8 +335,6 @@ class _Runner:
                 self.running.clear()
                 break
             self._handle(self._next_events(min(_POLL_S, max(0.0, deadline - now))))
-        if self.cancelled:
-            log.info("sample.cancelled", tasks=len(self.cancelled))
 
     # ----------------------------------------------------------------- events
 
@@ -433,7 +434,7 @@ class _Runner:
             for t in in_order
         }
 
-    def _progress(self) -> SampleProgress:
+    def _progress(self, finished: bool = False) -> SampleProgress:
         capped = [min(self.completed[t].runtime_ref_s, self.r_max_s) for t in self.completed]
         return SampleProgress(
             completed=len(capped),
@@ -441,6 +442,7 @@ class _Runner:
             mean_ref_s=float(np.mean(capped)) if capped else None,
             sd_ref_s=float(np.std(capped, ddof=1)) if len(capped) > 1 else None,
             failures=len(self.failures),
+            finished=finished,
         )
 
 
@@ -458,7 +460,7 @@ def _failure_of(result: Result, node: str) -> TaskFailure:
 
 def local_agent_dir(run_dir: str | os.PathLike[str], node: str) -> Path:
     """Where the agent of local node ``node`` keeps its state and the tasks' outputs."""
-    return Path(run_dir) / "agents" / node
+    return Path(run_dir) / AGENTS_DIR / node
 
 
 @contextlib.contextmanager
