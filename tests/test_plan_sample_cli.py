@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import structlog
 from structlog.testing import capture_logs
 
 from broker.cli import main
@@ -25,13 +24,6 @@ aws:
   types:
     - {name: small, slots: 1, speed: 1, price: 0.08, limit: 3}
 """
-
-
-@pytest.fixture(autouse=True)
-def structlog_defaults():
-    structlog.reset_defaults()
-    yield
-    structlog.reset_defaults()
 
 
 @pytest.fixture
@@ -114,11 +106,20 @@ def test_bad_sampling_flags_exit_2_before_anything_runs(files, capsys, flags, me
     assert not files["run_dir"].exists()
 
 
-def test_an_inventory_without_a_local_node_cannot_sample(files, capsys):
-    Path(files["inventory"]).write_text(INVENTORY.replace("local: true", "host: 127.0.0.1, key: /nonexistent"))
+def test_an_inventory_without_private_nodes_cannot_sample(files, capsys):
+    Path(files["inventory"]).write_text("aws:" + INVENTORY.split("aws:")[1])
     rc = plan(files, "--sample", "ebstop")
     assert rc == 2
-    assert "no private node with 'local: true'" in capsys.readouterr().err
+    assert "declares no private node" in capsys.readouterr().err
+
+
+def test_an_unusable_ssh_node_is_named_before_any_task_runs(files, capsys):
+    missing_key = files["tmp"] / "no-such-key"
+    Path(files["inventory"]).write_text(INVENTORY.replace("local: true", f"host: 127.0.0.1, key: {missing_key}"))
+    rc = plan(files, "--sample", "ebstop")
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "cannot start the agent on lab" in err and "no-such-key" in err
 
 
 def test_a_default_run_dir_is_new_under_runs(files, capsys, monkeypatch):

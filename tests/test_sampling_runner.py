@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import structlog
 from structlog.testing import capture_logs
 
 from broker.core.estimate import make_rule
@@ -21,7 +20,7 @@ from broker.shells.local_transport import local_agent_pid
 from broker.shells.sampling_runner import (
     SamplingFailed,
     SamplingInterrupted,
-    attached_local_nodes,
+    attached_nodes,
     local_agent_dir,
     sample_bag,
 )
@@ -44,15 +43,6 @@ def agent_processes(root: Path) -> list[int]:
         if state != "Z" and any(mark in environ for mark in marks):
             found.append(int(entry.name))
     return found
-
-
-@pytest.fixture(autouse=True)
-def structlog_defaults():
-    """structlog as a fresh process has it: a CLI test run earlier leaves it writing to that
-    test's capture stream, closed since."""
-    structlog.reset_defaults()
-    yield
-    structlog.reset_defaults()
 
 
 @pytest.fixture
@@ -86,7 +76,7 @@ def lines(path: Path) -> list[str]:
 def run(bag: Bag, run_dir: Path, rule_name: str, eps: float, delta: float, slots: int, speed: float = 1.0,
         **options):
     rule = make_rule(rule_name, eps, delta, bag.timeout_s, n_tasks=len(bag))
-    with attached_local_nodes([node(slots, speed)], run_dir) as (nodes, inbox):
+    with attached_nodes([node(slots, speed)], run_dir, run_id="test") as (nodes, inbox):
         return sample_bag(bag, nodes, inbox, rule, np.random.default_rng(SEED), **options)
 
 

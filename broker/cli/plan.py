@@ -9,7 +9,7 @@ The work planned for is the point estimate plus 1.645 standard deviations of the
 task runtimes (sd x sqrt(n): a one-sided 95% upper value when runtimes are independent).
 
 With ``--sample RULE`` the mean runtime is learnt by running random tasks of the bag on the
-inventory's local private nodes until the stopping rule's (eps, delta) contract is met
+inventory's private nodes (local, or over SSH) until the stopping rule's (eps, delta) contract is met
 (ALGORITHMS.md 2.1, 2.2; the runner is :mod:`broker.shells.sampling_runner`). The tasks that finished while
 sampling are done: the plan covers the others only (``work.tasks`` in ``--json``), and
 ``RUN_DIR/samples.json`` lists them for ``broker run``.
@@ -23,6 +23,7 @@ import math
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -33,7 +34,8 @@ from broker.config.durations import format_duration, parse_duration
 from broker.core.estimate import Estimate
 from broker.core.estimate.rules import RULE_NAMES
 from broker.core.model import Bag
-from broker.shells.sampling_runner import AGENTS_DIR, SamplingInterrupted, SamplingStopped, samples_document
+from broker.shells.nodes import AGENTS_DIR
+from broker.shells.sampling_runner import SamplingInterrupted, SamplingStopped, samples_document
 from broker.core.plan import (
     Goal,
     NoFeasiblePlan,
@@ -66,7 +68,7 @@ def register(subparsers) -> None:
     sampling = p.add_argument_group("sampling (learn the mean runtime by running random tasks of BAG)")
     sampling.add_argument("--sample", choices=RULE_NAMES, metavar="RULE",
                           help=f"stopping rule: {', '.join(RULE_NAMES)}; tasks run on the inventory's "
-                          "local private nodes and count as done (--mean-runtime is then only a guess "
+                          "private nodes and count as done (--mean-runtime is then only a guess "
                           "for the expected sample count)")
     sampling.add_argument("--eps", type=float, default=0.1, metavar="E",
                           help="relative error of the mean (default 0.1)")
@@ -242,7 +244,7 @@ _LOOSE_FACTOR = 2.0
 
 
 def work_by_sampling(args: argparse.Namespace) -> tuple[Work, Estimate]:
-    """Run random tasks of the bag on the inventory's local nodes until ``--sample``'s rule
+    """Run random tasks of the bag on the inventory's private nodes until ``--sample``'s rule
     is satisfied; the work is what is left, at the estimated mean.
 
     The planned work is ``m mu + 1.645 sd sqrt(m)`` for the ``m`` tasks not done while
@@ -255,7 +257,7 @@ def work_by_sampling(args: argparse.Namespace) -> tuple[Work, Estimate]:
     from broker.config.bag import load_bag
     from broker.config.inventory import load_inventory
     from broker.core.estimate import make_rule
-    from broker.shells.sampling_runner import attached_local_nodes, sample_bag
+    from broker.shells.sampling_runner import attached_nodes, sample_bag
 
     if not args.bag:
         raise UsageError("--sample runs tasks of a bag: give the bag file")
@@ -268,14 +270,11 @@ def work_by_sampling(args: argparse.Namespace) -> tuple[Work, Estimate]:
     guess_sd_s = _duration("--runtime-sd", args.runtime_sd)
     bag = load_bag(args.bag)
     inventory = load_inventory(args.inventory)
-    local = [n for n in inventory.private if n.local]
-    if not local:
-        raise UsageError(f"sampling runs tasks on this machine: {args.inventory} has no private node with "
-                         "'local: true' (give one, or plan with --mean-runtime)")
+    private = inventory.private
+    if not private:
+        raise UsageError(f"sampling runs tasks on your own machines: {args.inventory} declares no private node "
+                         "(add one, e.g. '- {name: here, local: true, slots: 4}', or plan with --mean-runtime)")
     notes = sys.stderr if args.json else sys.stdout
-    skipped = [n.name for n in inventory.private if not n.local]
-    if skipped:
-        print(f"sampling on the local node(s) only; not on {', '.join(skipped)}", file=notes)
     rule = make_rule(args.sample, args.eps, args.delta, bag.timeout_s, n_tasks=len(bag))
     if guess_mean_s is None:
         per_task = [statistics.fmean(t.estimates_s.values()) for t in bag.tasks if t.estimates_s]
@@ -287,16 +286,17 @@ def work_by_sampling(args: argparse.Namespace) -> tuple[Work, Estimate]:
 
     run_dir = _new_run_dir(args.run_dir)
     seed = int(np.random.SeedSequence().entropy)
-    slots = sum(n.slots for n in local)
     log = structlog.get_logger()
     log.info("sample.start", rule=args.sample, eps=args.eps, delta=args.delta, tasks=len(bag), r_max_s=bag.timeout_s,
-             nodes=[n.name for n in local], slots=slots, run_dir=str(run_dir), seed=seed)
+             nodes=[n.name for n in private], slots=sum(n.slots for n in private), run_dir=str(run_dir), seed=seed)
     progress = SamplingProgressView(args.sample, args.eps, args.delta, bag.timeout_s, len(bag))
     samples_path = run_dir / "samples.json"
-    with attached_local_nodes(local, run_dir) as (nodes, inbox):
+    local_nodes = {n.name for n in private if n.local}
+    with attached_nodes(private, run_dir, run_id=run_dir.name) as (attached, inbox):
+        # The bag's workdir: resolved here for this machine, left to the node's shell elsewhere.
+        nodes = [replace(n, cwd=_task_cwd(bag) if n.name in local_nodes else bag.workdir) for n in attached]
         try:
-            outcome = sample_bag(bag, nodes, inbox, rule, np.random.default_rng(seed), cwd=_task_cwd(bag),
-                                 on_progress=progress)
+            outcome = sample_bag(bag, nodes, inbox, rule, np.random.default_rng(seed), on_progress=progress)
         except SamplingStopped as exc:
             progress.close()
             _write_json(samples_path, samples_document(exc.tasks, failures=exc.failures) | {"seed": seed})

@@ -24,8 +24,8 @@ correct in a live system"):
 * every completed draw is returned with its runtime and exit code (used by the rule or
   extra), so that ``broker run`` can count the successful ones as done.
 
-Agents are attached by the caller with one shared inbox (:func:`attached_local_nodes` does
-it for the ``local: true`` private nodes and always stops them). The runner never stops an
+Agents are attached by the caller with one shared inbox (:func:`attached_nodes` does it for
+the inventory's private nodes, local or over SSH, and always stops them). The runner never stops an
 agent itself. Ctrl-C, a lost node, a bag too small for the rule: a :class:`SamplingStopped`
 subclass carrying the draws completed so far, so that none of that work is forgotten.
 
@@ -52,20 +52,17 @@ import structlog
 from broker.core.estimate import BagExhausted, Estimate, SamplingDriver, StoppingRule
 from broker.core.model import Bag, PrivateNode
 from broker.shells.agent_client import AgentClient, NodeLost, TaskLost
-from broker.shells.local_transport import attach_local_agent, stop_local_agent
+from broker.shells.nodes import LocalAgents, SshAgents, agent_dir
 from workers.protocol import Result, Run
 
 log = structlog.get_logger()
 
 SETUP_TASK_ID = "broker.setup"
-AGENTS_DIR = "agents"  # under the run dir: one agent state directory per local node
 DEFAULT_MAX_FAILURES = 3
 # Once cancelled, a draw's Result is waited for at most this long (the agent's SIGTERM to
 # SIGKILL grace is shorter); a draw still unreported is counted as cancelled anyway.
 _CANCEL_WAIT_S = 15.0
 _POLL_S = 0.25
-# An orphaned local agent (its master killed) exits after this long with nothing to do.
-_LOCAL_AGENT_IDLE_EXIT_S = 60.0
 
 
 # --------------------------------------------------------------------------- records
@@ -73,12 +70,14 @@ _LOCAL_AGENT_IDLE_EXIT_S = 60.0
 
 @dataclass(frozen=True, slots=True)
 class SampleNode:
-    """An attached agent that draws may run on: ``slots`` at once, each at ``speed``."""
+    """An attached agent that draws may run on: ``slots`` at once, each at ``speed``, in the
+    working directory ``cwd`` on that node (``None``: the agent's home)."""
 
     name: str
     client: AgentClient
     slots: int
     speed: float = 1.0
+    cwd: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +184,6 @@ def sample_bag(
     rule: StoppingRule,
     rng: np.random.Generator,
     *,
-    cwd: str | None = None,
     max_failures: int = DEFAULT_MAX_FAILURES,
     drain_means: float | None = 1.0,
     on_progress: Callable[[SampleProgress], None] | None = None,
@@ -195,11 +193,10 @@ def sample_bag(
     ``inbox`` is the queue every node's client delivers to. ``rule`` sees ``R_max`` = the
     bag's timeout. ``drain_means`` bounds the wait for draws still running once the rule is
     satisfied, in estimated mean runtimes on the slowest node (``None``: wait for all of
-    them; ``0``: cancel them at once). ``cwd`` is the
-    tasks' working directory on the nodes (``None``: the agent's home). Raises a
-    :class:`SamplingStopped` subclass when no estimate can be given.
+    them; ``0``: cancel them at once). Raises a :class:`SamplingStopped` subclass when no
+    estimate can be given.
     """
-    runner = _Runner(bag, nodes, inbox, rule, rng, cwd, max_failures, on_progress)
+    runner = _Runner(bag, nodes, inbox, rule, rng, max_failures, on_progress)
     try:
         return runner.run(drain_means)
     except KeyboardInterrupt:
@@ -214,7 +211,6 @@ class _Runner:
         inbox: queue.Queue[tuple[str, Any]],
         rule: StoppingRule,
         rng: np.random.Generator,
-        cwd: str | None,
         max_failures: int,
         on_progress: Callable[[SampleProgress], None] | None,
     ) -> None:
@@ -230,7 +226,6 @@ class _Runner:
         self.nodes = sorted(nodes, key=lambda n: -n.speed)
         self.by_name = {n.name: n for n in self.nodes}
         self.inbox = inbox
-        self.cwd = cwd
         self.max_failures = max_failures
         self.on_progress = on_progress
         self.driver = SamplingDriver(len(bag), rule, rng, bag.timeout_s, slots=sum(n.slots for n in nodes))
@@ -281,7 +276,7 @@ class _Runner:
     def _set_up_nodes(self) -> None:
         """Run the bag's setup command once on every node, all at once; any failure stops."""
         for node in self.nodes:
-            node.client.submit([self._run_of(SETUP_TASK_ID, 1, self.bag.setup or "", timeout_s=None)])
+            node.client.submit([self._run_of(SETUP_TASK_ID, 1, self.bag.setup or "", None, node)])
         pending = {n.name for n in self.nodes}
         while pending:
             for name, event in self._next_events():
@@ -314,10 +309,11 @@ class _Runner:
     def _start(self, task_id: str, node: str, attempt: int) -> Run:
         self.free[node] -= 1
         self.running[task_id] = (node, attempt)
-        return self._run_of(task_id, attempt, self.bag.tasks[self.index_of[task_id]].command, self.r_max_s)
+        command = self.bag.tasks[self.index_of[task_id]].command
+        return self._run_of(task_id, attempt, command, self.r_max_s, self.by_name[node])
 
-    def _run_of(self, task_id: str, attempt: int, command: str, timeout_s: float | None) -> Run:
-        return Run(task_id, attempt, command, timeout_s=timeout_s, env=dict(self.bag.env), cwd=self.cwd)
+    def _run_of(self, task_id: str, attempt: int, command: str, timeout_s: float | None, node: SampleNode) -> Run:
+        return Run(task_id, attempt, command, timeout_s=timeout_s, env=dict(self.bag.env), cwd=node.cwd)
 
     def _drain(self, drain_s: float | None) -> None:
         """Keep the extra draws that finish within ``drain_s``; cancel the rest."""
@@ -455,45 +451,42 @@ def _failure_of(result: Result, node: str) -> TaskFailure:
     return TaskFailure(result.task, node, result.attempt, result.exit_code, result.error, result.stderr_tail)
 
 
-# --------------------------------------------------------------------------- local nodes
+# --------------------------------------------------------------------------- nodes
 
 
 def local_agent_dir(run_dir: str | os.PathLike[str], node: str) -> Path:
     """Where the agent of local node ``node`` keeps its state and the tasks' outputs."""
-    return Path(run_dir) / AGENTS_DIR / node
+    return agent_dir(Path(run_dir), node)
 
 
 @contextlib.contextmanager
-def attached_local_nodes(
-    nodes: Sequence[PrivateNode], run_dir: str | os.PathLike[str], *, grace_s: float = 1.0
+def attached_nodes(
+    nodes: Sequence[PrivateNode], run_dir: str | os.PathLike[str], run_id: str
 ) -> Iterator[tuple[list[SampleNode], queue.Queue[tuple[str, Any]]]]:
-    """Start an agent for each ``local: true`` node under ``run_dir/agents/<node>``; yield them
-    (as :class:`SampleNode`) with their shared inbox; stop every one of them on the way out,
-    whatever happens (its running tasks are cancelled)."""
+    """Start an agent on each private node and yield them (as :class:`SampleNode`) with their
+    shared inbox; stop every one of them on the way out, whatever happens (their running
+    tasks are cancelled).
+
+    ``local: true`` nodes get an agent under ``run_dir/agents/<node>``; the others are
+    reached over SSH (known_hosts checked), their agent state under ``~/.broker/runs/<run_id>``
+    on the node, as for ``broker run`` (:mod:`broker.shells.nodes`). A node that cannot be
+    reached raises :class:`SamplingFailed` naming it.
+    """
     inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
-    attached: list[SampleNode] = []
-    started_dirs: list[Path] = []
+    local, remote = LocalAgents(Path(run_dir), inbox), SshAgents(run_id, inbox)
+    attached: list[tuple[PrivateNode, AgentClient | None]] = []
     try:
         for node in nodes:
-            if not node.local:
-                raise ValueError(f"private node {node.name!r} is not local")
-            state_dir = local_agent_dir(run_dir, node.name)
-            state_dir.mkdir(parents=True, exist_ok=True)
-            started_dirs.append(state_dir)
-            transport = attach_local_agent(state_dir, node.slots, node=node.name, grace_s=grace_s,
-                                           idle_exit_s=_LOCAL_AGENT_IDLE_EXIT_S)
+            attached.append((node, None))  # stopped even if the handshake fails half-way
             try:
-                client = AgentClient(transport, node.name, inbox=inbox)
-            except Exception:
-                transport.close()
-                raise
-            attached.append(SampleNode(node.name, client, node.slots, node.speed))
-        yield attached, inbox
+                client = local.attach(node.name, node.slots) if node.local else remote.attach(node)
+            except (ConnectionError, OSError, ValueError) as exc:
+                raise SamplingFailed(f"cannot start the agent on {node.name}: {exc}", {}) from exc
+            attached[-1] = (node, client)
+        yield [SampleNode(n.name, c, n.slots, n.speed) for n, c in attached if c is not None], inbox
     finally:
-        for sample_node in attached:
-            sample_node.client.close()
-        for state_dir in started_dirs:
-            stop_local_agent(state_dir)
+        for node, client in attached:
+            (local if node.local else remote).stop(node.name, client)
 
 
 # --------------------------------------------------------------------------- the record
