@@ -18,6 +18,7 @@ from broker.core.estimate import make_rule
 from broker.core.model import Bag, PrivateNode, Task
 from broker.shells.local_transport import local_agent_pid
 from broker.shells.sampling_runner import (
+    SamplingExhausted,
     SamplingFailed,
     SamplingInterrupted,
     attached_nodes,
@@ -202,3 +203,11 @@ def test_an_interrupt_keeps_the_finished_draws_and_stops_the_agent(run_dir, tmp_
         run(bag, run_dir, "ebstop", eps=0.3, delta=0.1, slots=4, on_progress=interrupt_after_three)
     assert len(info.value.tasks) >= 3
     assert local_agent_pid(local_agent_dir(run_dir, "lab")) is None
+
+
+def test_a_bag_smaller_than_the_sample_runs_whole_and_says_so(run_dir, tmp_path):
+    bag = logged_bag([0.01] * 10, tmp_path / "ran.log", timeout_s=1.0)  # bats wants at least 30
+    with pytest.raises(SamplingExhausted) as info:
+        run(bag, run_dir, "bats", eps=0.5, delta=0.1, slots=4)
+    assert "still wants samples after all 10 tasks ran" in str(info.value)
+    assert sorted(info.value.tasks) == sorted(lines(tmp_path / "ran.log")) and len(info.value.tasks) == 10

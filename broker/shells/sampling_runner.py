@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import structlog
 
-from broker.core.estimate import BagExhausted, Estimate, SamplingDriver, StoppingRule
+from broker.core.estimate import Estimate, SamplingDriver, StoppingRule
 from broker.core.model import Bag, PrivateNode
 from broker.shells.agent_client import AgentClient, NodeLost, TaskLost
 from broker.shells.nodes import LocalAgents, SshAgents, agent_dir
@@ -200,7 +200,7 @@ def sample_bag(
     try:
         return runner.run(drain_means)
     except KeyboardInterrupt:
-        raise SamplingInterrupted("sampling interrupted", runner.completed, runner.failures) from None
+        raise SamplingInterrupted("sampling interrupted", runner.in_draw_order(), runner.failures) from None
 
 
 class _Runner:
@@ -250,17 +250,17 @@ class _Runner:
                     raise SamplingExhausted(
                         f"rule {self.driver.rule.name!r} still wants samples after all {len(self.bag)} tasks "
                         "ran; loosen --eps/--delta, give a tighter timeout, or use a cheaper rule (ebstop)",
-                        self.completed,
+                        self.in_draw_order(),
                         self.failures,
                     )
                 raise RuntimeError("the sampling driver wants samples but gave no task to run")  # a driver bug
             self._handle(self._next_events())
-        estimate = self._estimate()
+        estimate = self.driver.estimate()  # the driver is done, so the rule has an estimate
         slowest = min(n.speed for n in self.nodes)
         self._drain(None if drain_means is None else drain_means * estimate.mean_ref_s / slowest)
         outcome = SamplingOutcome(
             estimate=estimate,
-            tasks=self._in_draw_order(),
+            tasks=self.in_draw_order(),
             cancelled=tuple(self.cancelled),
             failures=tuple(self.failures),
             r_max_s=self.r_max_s,
@@ -355,7 +355,7 @@ class _Runner:
                 self._on_lost(name, event)
             elif isinstance(event, NodeLost):
                 raise SamplingFailed(
-                    f"lost the agent on {name}: {event.reason}", self._in_draw_order(), self.failures
+                    f"lost the agent on {name}: {event.reason}", self.in_draw_order(), self.failures
                 )
         if results and self.on_progress is not None:
             self.on_progress(self._progress())
@@ -382,7 +382,7 @@ class _Runner:
                    else f"task {result.task} failed {result.attempt} times (the bag allows {self.bag.retries} retries)")
             raise SamplingFailed(
                 f"{why}; fix the bag before planning. Last failure: {failure.describe()}",
-                self._in_draw_order(),
+                self.in_draw_order(),
                 self.failures,
             )
         if not self.driver.done:  # its result is still needed, in its place in the draw order
@@ -415,13 +415,7 @@ class _Runner:
 
     # ----------------------------------------------------------------- results
 
-    def _estimate(self) -> Estimate:
-        try:
-            return self.driver.estimate()
-        except BagExhausted as exc:  # exhausted is checked before: kept for a clear message
-            raise SamplingExhausted(str(exc), self._in_draw_order(), self.failures) from None
-
-    def _in_draw_order(self) -> dict[str, SampledTask]:
+    def in_draw_order(self) -> dict[str, SampledTask]:
         """Completed draws by draw position, each marked used if the rule consumed it."""
         extra = self.driver.extra if self.driver.done else {}
         in_order = sorted(self.completed.values(), key=lambda t: t.draw)
