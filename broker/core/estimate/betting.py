@@ -82,7 +82,8 @@ def _plug_in_bets(log_level: float, t: np.ndarray, var_before: np.ndarray) -> np
 
 def _truncated(bets: np.ndarray, room: np.ndarray, truncation: float) -> np.ndarray:
     """``min(l, truncation / room)`` row by row (``room = 0`` leaves ``l``)."""
-    cap = np.divide(truncation, room, out=np.full(room.shape, np.inf), where=room > 0.0)
+    with np.errstate(over="ignore"):  # a subnormal room: no cap, like room = 0
+        cap = np.divide(truncation, room, out=np.full(room.shape, np.inf), where=room > 0.0)
     return np.minimum(bets[:, None], cap)
 
 
@@ -142,10 +143,11 @@ class _GridCapital:
         self._scanned = None
 
 
-def _gains(z: np.ndarray, bets: np.ndarray, centre: np.ndarray, truncation: float) -> tuple[np.ndarray, np.ndarray]:
-    """Log-gains ``log(1 +/- l^+/- (X - c))`` (rows: samples ``z``; columns: candidates).
-
-    A centre outside ``[0, 1]`` is impossible: ``+inf`` for the gambler it refutes.
+def log_gains(z: np.ndarray, bets: np.ndarray, centre: np.ndarray, truncation: float) -> tuple[np.ndarray, np.ndarray]:
+    """Log-gains ``log(1 + l^+ (X - c))`` and ``log(1 - l^- (X - c))`` of both gamblers, for
+    samples ``z`` (rows), their bets ``bets`` before truncation (one per row) and the centres
+    ``c`` of the candidates (rows x columns). A centre outside ``[0, 1]`` is impossible:
+    ``+inf`` for the gambler it refutes.
     """
     inside = np.clip(centre, 0.0, 1.0)
     excess = z[:, None] - inside
@@ -201,7 +203,7 @@ class BettingConfidenceSequence:
             n = float(self.population)
             centre = (n * m - (sums - z)[:, None]) / (n - t + 1.0)[:, None]
         self._scanned = (sums, dev_sq)
-        return self._capital.scan(*_gains(z, bets, centre, self.truncation))
+        return self._capital.scan(*log_gains(z, bets, centre, self.truncation))
 
     def commit(self, k: int) -> None:
         """Take in the first ``k`` samples of the last :meth:`scan`."""
