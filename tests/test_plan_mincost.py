@@ -251,3 +251,24 @@ def test_greedy_fallback_plan_covers_the_work_and_costs_at_least_the_optimum(see
     assert plan.makespan_s <= T
     optimum = min_cost(types, private, work, T, existing=existing, now_s=now, options=EXACT)
     assert plan.cost_usd >= optimum.cost_usd - 1e-6
+
+
+def test_regression_cbc_called_a_barely_feasible_model_infeasible():
+    """Private capacity covering the work by 0.05 ref-s made CBC's feasibility pump accept a
+    zero-cost point and then report the model infeasible; the planner fell back to a greedy
+    plan renting 36 hours it did not need. Normalizing the work row fixes it."""
+    from broker.core.billing import Billing
+    from broker.core.model import MachineType, PrivateNode
+    from broker.core.plan import Work, min_cost
+
+    hourly = Billing.hourly()
+    types = (
+        MachineType("type0", 2, 8.0, 0.05, 1, 0.0, hourly),
+        MachineType("type1", 3, 8.0, 0.8, 6, 0.0, hourly),
+        MachineType("type2", 3, 8.0, 0.1, 3, 0.0, hourly),
+    )
+    private = (PrivateNode("own", 2, 1.0, 0.0, local=True),)
+    work = Work(total_ref_s=257034.43333315323, tasks=178, mean_ref_s=1191.611080707782, sd_ref_s=595.805540353891)
+    plan = min_cost(types, private, work, 129413.02207841328)
+    assert plan.status == "optimal"
+    assert plan.cost_usd == 0.0 and not plan.new

@@ -417,6 +417,7 @@ class Simulation:
         n = len(self.ids)
         idle_ticks = 0
         first_plan_seen = False
+        same_time, last_t = 0, -1.0
         while self.heap and self.result.tasks_done < n:
             t, kind, _, data = heapq.heappop(self.heap)
             if t > self.opt.max_virtual_s:
@@ -445,6 +446,10 @@ class Simulation:
             committed = self.committed_usd()
             self.result.max_committed_usd = max(self.result.max_committed_usd, committed)
             if tick or changed:
+                same_time = same_time + 1 if t == last_t else 0
+                last_t = t
+                if same_time > 100_000:
+                    raise RuntimeError(f"no progress: {same_time} decisions at virtual time {t:.3f}s")
                 decision = self.controller.decide(self.snapshot(), self.memory, self.now, self.ctl_rng, tick=tick)
                 self.memory = decision.memory
                 if not first_plan_seen and self.memory.planned_makespan_s is not None:

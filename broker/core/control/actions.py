@@ -23,7 +23,7 @@ class Launch:
     type_name: str
     count: int
     cause: str
-    release_after_s: float  # planned life: the instance is released at launch + this - margin
+    release_after_s: float  # release this long after launch (the margin is already taken off)
 
 
 @dataclass(frozen=True, slots=True)

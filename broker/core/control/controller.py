@@ -105,9 +105,9 @@ class Controller:
         if mean is not None:
             mean = (mean, mean + self.config.fit_z * _sd_estimate(snap, mean))
         if mean is None or snap.observations.count < self._samples_needed(snap):
+            # Sampling phase: no plan is made on a handful of runtimes.
             memory = self._sample(snap, memory, now, rng, s)
-            if mean is None:
-                return Decision(tuple(s.actions), memory, None, tuple(s.notes))
+            return Decision(tuple(s.actions), memory, None, tuple(s.notes))
         # Remaining work is only needed to re-plan; dispatch needs the mean alone.
         rem = remaining_work(snap, self.config.confidence_z) if tick else None
         if rem is not None:
@@ -138,12 +138,14 @@ class Controller:
     def _sample(self, snap: Snapshot, memory: Memory, now: float, rng, s: _Scratch) -> Memory:
         """Random draws on every free ready slot until enough runtimes are observed."""
         ready = [n for n in snap.nodes_with_free_slots() if n.ready(now)]
-        if not snap.nodes:
+        if not self.private and not snap.nodes:
             cheapest = _most_efficient(snap.types.values())
             if cheapest is not None and cheapest.limit > 0:
-                life = cheapest.billing.billed_s(0)
+                life = self._short_life_s(cheapest)
                 if self._affordable(snap, s, cheapest, 1, life):
-                    s.actions.append(Launch(cheapest.name, 1, "sampling_without_private_nodes", life))
+                    s.actions.append(
+                        Launch(cheapest.name, 1, "sampling_without_private_nodes", life - self.config.margin_s)
+                    )
                     s.launched_usd += cheapest.billing.cost_usd(life, cheapest.price_per_hour)
         in_flight = snap.count_running()
         wanted = self._samples_needed(snap) - snap.observations.count - in_flight
@@ -288,6 +290,12 @@ class Controller:
         self._budget_guard(snap, memory, now, s)
         return replace(memory, shorten_streak=shorten)
 
+    def _short_life_s(self, t: MachineType) -> float:
+        """Paid life of an instance bought without a plan (sampling, FirstFit): its first
+        billed time, but never so short that the release margin eats it (per-second billing
+        has a 60 s minimum; keep such an instance a few margins)."""
+        return t.billing.billed_s(max(t.boot_s + 4 * self.config.margin_s, 1.0))
+
     # -- budget ------------------------------------------------------------------------------
     def _planned_spend(self, snap: Snapshot, release: dict[str, float], now: float) -> float:
         """Committed spend plus what every live instance will cost up to its scheduled release."""
@@ -401,7 +409,7 @@ class Controller:
         booting = sum(1 for n in snap.nodes if not n.is_private and not n.ready(now))
         live_of_type = sum(1 for n in snap.nodes if n.type_name == t.name and not n.lost)
         if idle == 0 and booting == 0 and live_of_type < t.limit:
-            life = t.billing.billed_s(0)
+            life = self._short_life_s(t)
             if self._affordable(snap, s, t, 1, life):
                 s.actions.append(Launch(t.name, 1, "firstfit_no_fit", life - self.config.margin_s))
 

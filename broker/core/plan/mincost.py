@@ -197,8 +197,18 @@ def _solve_ilp(catalogue: Catalogue, work: Work, model_s: float, horizon_s: floa
         readers.append(lambda c, x=x, name=p.node.name: c.shares.__setitem__(name, float(x.value() or 0.0)))
 
     prob += pulp.lpSum(cost_terms)
-    prob += pulp.lpSum(cap_terms) >= work.total_ref_s, "work"
-    prob.solve(_solver(options))
+    # The work row is normalized (right-hand side 1): capacities in reference seconds reach
+    # 1e6-1e8, and on such rows CBC's feasibility pump has accepted a plan a few reference
+    # seconds short and then declared the model infeasible. If CBC still finds nothing, the
+    # row is tightened by one part in 1e6 and solved once more before the greedy fallback.
+    scale = 1.0 / max(work.total_ref_s, 1e-9)
+    for attempt, slack in enumerate((0.0, 1e-6)):
+        if attempt:
+            prob.constraints.pop("work")
+        prob += pulp.lpSum(cap_terms) * scale >= 1.0 + slack, "work"
+        prob.solve(_solver(options))
+        if prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+            break
     if prob.sol_status == pulp.LpSolutionOptimal:
         status = OPTIMAL
     elif prob.sol_status == pulp.LpSolutionIntegerFeasible:
