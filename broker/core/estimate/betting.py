@@ -1,29 +1,29 @@
-"""A confidence sequence for the mean of ``[0, 1]`` samples by betting (Waudby-Smith and
-Ramdas, "Estimating means of bounded random variables by betting", JRSS-B 2023, Sec. 4-5:
-the hedged capital process with predictable plug-in bets; Sec. 6 and their NeurIPS 2020
-paper "Confidence sequences for sampling without replacement" for a finite bag).
+"""A confidence sequence for the mean of ``[0, 1]`` samples by betting: the hedged capital
+process with predictable plug-in bets of Waudby-Smith and Ramdas, "Estimating means of
+bounded random variables by betting" (JRSS-B 2023), and for a finite bag their
+"Confidence sequences for sampling without replacement" (NeurIPS 2020).
 
 Notation. Samples ``X_1, X_2, ...`` in ``[0, 1]``; ``alpha`` the error level. For a candidate
 mean ``m`` two gamblers bet, one that the mean is above ``m``, one that it is below:
 
-    K_t^+(m) = prod_{i <= t} (1 + l_i^+(m) (X_i - c_i(m))),
-    K_t^-(m) = prod_{i <= t} (1 - l_i^-(m) (X_i - c_i(m))),
+    K_t^+(m) = prod_{i <= t} (1 + l_i^+(m) (X_i - nu_i(m))),
+    K_t^-(m) = prod_{i <= t} (1 - l_i^-(m) (X_i - nu_i(m))),
 
-where ``c_i(m)`` is what ``E[X_i | X_1 .. X_(i-1)]`` would be if the mean were ``m``:
-``c_i(m) = m`` for independent samples, and for a bag of ``N`` tasks drawn without
+where ``nu_i(m)`` is what ``E[X_i | X_1 .. X_(i-1)]`` would be if the mean were ``m``:
+``nu_i(m) = m`` for independent samples, and for a bag of ``N`` tasks drawn without
 replacement whose mean is ``m``
 
-    c_i(m) = (N m - S_(i-1)) / (N - i + 1),     S_(i-1) = X_1 + ... + X_(i-1)
+    nu_i(m) = (N m - S_(i-1)) / (N - i + 1),     S_(i-1) = X_1 + ... + X_(i-1)
 
-(the mean of the tasks not drawn yet). If ``c_i(m)`` leaves ``[0, 1]`` no bag of
+(the mean of the tasks not drawn yet). If ``nu_i(m)`` leaves ``[0, 1]`` no bag of
 ``[0, 1]`` values with mean ``m`` could have produced the draws so far, and ``m`` is
 rejected outright. The bets are *predictable* (they use ``X_1 .. X_(i-1)`` only):
 
     mu_t = (1/2 + sum_{i<=t} X_i) / (t + 1),   s2_t = (1/4 + sum_{i<=t} (X_i - mu_i)^2) / (t + 1),
     l_t = sqrt(2 log(2/alpha) / (s2_(t-1) t log(1 + t))),
-    l_t^+(m) = min(l_t, c / c_t(m)),           l_t^-(m) = min(l_t, c / (1 - c_t(m))),
+    l_t^+(m) = min(l_t, c / nu_t(m)),           l_t^-(m) = min(l_t, c / (1 - nu_t(m))),
 
-with the truncation ``c = 1/2`` (the paper's default), so every factor is at least
+with the truncation ``c = 1/2`` (a default the paper suggests), so every factor is at least
 ``1 - c > 0``. If the mean is ``m``, both capitals are non-negative martingales from 1, so
 is ``(K^+ + K^-) / 2``, and by Ville's inequality it ever reaches ``1/alpha`` with
 probability at most ``alpha``. Hence
@@ -34,8 +34,8 @@ holds the true mean for every ``t`` at once with probability at least ``1 - alph
 so does the running intersection of the ``C_t``: the bounds below are valid at any
 stopping time.
 
-Each factor of ``K^+`` is non-increasing in ``c_t(m)`` (for ``X >= c``, bet and gain both
-shrink; for ``X < c``, either ``1 + l (X - c)`` or ``1 - c' + c' X / c``), and ``c_t(m)``
+Each factor of ``K^+`` is non-increasing in ``nu_t(m)`` (for ``X >= nu``, bet and gain both
+shrink; for ``X < nu``, either ``1 + l (X - nu)`` or ``1 - c + c X / nu``), and ``nu_t(m)``
 increases with ``m``: so ``K_t^+`` is non-increasing in ``m`` and ``K_t^-`` non-decreasing.
 The points rejected by ``K^+`` therefore form an interval ``[0, a]`` and those rejected by
 ``K^-`` an interval ``[b, 1]``. The capitals are tracked on a geometric grid of candidate
@@ -81,7 +81,7 @@ def _plug_in_bets(log_level: float, t: np.ndarray, var_before: np.ndarray) -> np
 
 
 def _truncated(bets: np.ndarray, room: np.ndarray, truncation: float) -> np.ndarray:
-    """``min(l, truncation / room)`` row by row (``room = 0`` leaves ``l``)."""
+    """``min(l, c / room)`` row by row, ``c = truncation`` (``room = 0`` leaves ``l``)."""
     with np.errstate(over="ignore"):  # a subnormal room: no cap, like room = 0
         cap = np.divide(truncation, room, out=np.full(room.shape, np.inf), where=room > 0.0)
     return np.minimum(bets[:, None], cap)
@@ -144,9 +144,9 @@ class _GridCapital:
 
 
 def log_gains(z: np.ndarray, bets: np.ndarray, centre: np.ndarray, truncation: float) -> tuple[np.ndarray, np.ndarray]:
-    """Log-gains ``log(1 + l^+ (X - c))`` and ``log(1 - l^- (X - c))`` of both gamblers, for
+    """Log-gains ``log(1 + l^+ (X - nu))`` and ``log(1 - l^- (X - nu))`` of both gamblers, for
     samples ``z`` (rows), their bets ``bets`` before truncation (one per row) and the centres
-    ``c`` of the candidates (rows x columns). A centre outside ``[0, 1]`` is impossible:
+    ``nu`` of the candidates (rows x columns). A centre outside ``[0, 1]`` is impossible:
     ``+inf`` for the gambler it refutes.
     """
     inside = np.clip(centre, 0.0, 1.0)

@@ -21,10 +21,10 @@ Two sources of bounds, in samples ``Z`` in ``[0, 1]``:
 * ``ebstop``: the betting confidence sequence of Waudby-Smith and Ramdas (JRSS-B 2023),
   :mod:`.betting`, at ``alpha = delta`` on a grid of relative step ``eps / 20``. When the
   bag size ``N`` is known it is the without-replacement version, for the bag's own mean.
-  Its range cost is ``log(2/delta) / (t c)`` *relative to* ``mu`` below (``c = 1/2``) and
-  relative to ``1 - mu`` above, against the absolute ``3 x_t / t`` of the bound below, so
-  on runtimes of small spread it needs tens of samples where the bound below needs
-  hundreds.
+  With bets truncated at ``1/2``, its cost for the range is about ``2 log(2/delta) / t``
+  *relative to* ``mu`` below and to ``1 - mu`` above, against the absolute ``3 x_t / t``
+  (``x_t`` ~ 12-15) of the bound below, so on runtimes of small spread it needs tens of
+  samples where the bound below needs hundreds.
 * ``ebstop-msa`` (and ``ebstop-geo``): EBStop of Mnih, Szepesvari and Audibert (ICML 2008).
   After ``t`` samples with mean ``Zbar_t`` and (biased) empirical variance ``sigma_t^2``,
 
@@ -106,7 +106,8 @@ class RelativeStopRule(StoppingRule):
     """Stops when running bounds ``[lower, upper]`` on the mean of ``Z`` meet the relative
     condition; subclasses give the bounds (:meth:`_scan`) and take in a prefix (:meth:`_commit`)."""
 
-    first_block = 256  # samples looked at together first; doubled on each further block
+    first_block = 256  # samples looked at together first; doubled on each further block ...
+    max_block = 1 << 30  # ... up to this many
 
     def __init__(self, eps: float, delta: float, r_max_s: float):
         super().__init__(eps, delta, r_max_s)
@@ -138,7 +139,7 @@ class RelativeStopRule(StoppingRule):
             self.lower, self.upper = float(lower[take - 1]), float(upper[take - 1])
             self._stopped = bool(hits.size)
             used += take
-            block *= 2
+            block = min(2 * block, self.max_block)
         return used
 
     def _mean_z(self) -> float:
@@ -153,7 +154,10 @@ class BettingStopRule(RelativeStopRule):
     """
 
     name = "ebstop"
-    first_block = 32  # a block costs samples x candidates; low-spread runs stop in tens
+    # a block costs samples x candidates: small first (low-spread runs stop in tens), and
+    # capped, as the samples scanned past the stop are wasted work
+    first_block = 16
+    max_block = 1024
 
     def __init__(self, eps: float, delta: float, r_max_s: float, n_tasks: int | None = None):
         super().__init__(eps, delta, r_max_s)
@@ -186,7 +190,7 @@ def betting_expected_samples(eps: float, delta: float, mu: float, sigma: float, 
         if hits.size:
             return float(path.t + hits[0] + 1)
         path.commit(block)
-        block *= 2
+        block = min(2 * block, BettingStopRule.max_block)
     return math.inf
 
 
