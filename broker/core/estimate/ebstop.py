@@ -52,7 +52,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .betting import BettingConfidenceSequence, TypicalBettingPath
+from .betting import BettingConfidenceSequence, TypicalBettingPath, candidate_means
 from .contract import Need, StoppingRule
 
 DEFAULT_P = 1.1
@@ -154,14 +154,12 @@ class BettingStopRule(RelativeStopRule):
     """
 
     name = "ebstop"
-    # a block costs samples x candidates: small first (low-spread runs stop in tens), and
-    # capped, as the samples scanned past the stop are wasted work
-    first_block = 16
-    max_block = 1024
+    max_block = 1024  # samples scanned past the stop are wasted work
 
     def __init__(self, eps: float, delta: float, r_max_s: float, n_tasks: int | None = None):
         super().__init__(eps, delta, r_max_s)
         self._sequence = BettingConfidenceSequence(delta, eps / GRID_STEPS_PER_EPS, population=n_tasks)
+        self.first_block = betting_first_block(eps)
 
     @property
     def guarantee(self) -> str:
@@ -178,12 +176,19 @@ class BettingStopRule(RelativeStopRule):
         self._sequence.commit(k)
 
 
+def betting_first_block(eps: float) -> int:
+    """A block costs samples x candidates, and until the first samples come in every grid
+    point is a candidate: at most 16 samples (low-spread runs stop in tens) and about a
+    million cells."""
+    return max(1, min(16, (1 << 20) // candidate_means(eps / GRID_STEPS_PER_EPS).size))
+
+
 def betting_expected_samples(eps: float, delta: float, mu: float, sigma: float, limit: int) -> float:
     """Samples ``ebstop`` takes on :class:`.betting.TypicalBettingPath` for ``Z`` of mean ``mu``
     and standard deviation ``sigma`` (``inf`` past ``limit``). Real runs, whose noisy
     paths stop early now and then, take somewhat fewer."""
     path = TypicalBettingPath(mu, sigma, delta, eps / GRID_STEPS_PER_EPS)
-    block = BettingStopRule.first_block
+    block = betting_first_block(eps)
     while path.t < limit:
         lower, upper = path.scan(block)
         hits = np.flatnonzero(relative_stop(lower, upper, eps))
