@@ -145,7 +145,7 @@ class Ec2Fleet:
         # "token" in a log key would be masked by the redact processor; the idempotency key is no secret.
         log = self._log.bind(type=type_name, requested=count, idempotency_key=client_token, attempts=attempts)
         if isinstance(result, AwsFailure):
-            log.warning("instance.launch_failed", kind=result.kind.value, code=result.code, error=result.message)
+            log.warning("aws.run_instances_failed", kind=result.kind.value, code=result.code, error=result.message)
             return outcome(failure=result, attempts=attempts)
         instances, reused = result
         other_types = sorted({i.type_name for i in instances} - {type_name})
@@ -155,16 +155,16 @@ class Ec2Fleet:
                 "IdempotentParameterMismatch",
                 f"client token {client_token!r} already launched {', '.join(other_types)}, not {type_name}",
             )
-            log.warning("instance.launch_failed", kind=failure.kind.value, code=failure.code, error=failure.message)
+            log.warning("aws.run_instances_failed", kind=failure.kind.value, code=failure.code, error=failure.message)
             return outcome(failure=failure, attempts=attempts, reused=reused)
         ids = [i.id for i in instances]
         if len(instances) < count:
             failure = AwsFailure(
                 LaunchErrorKind.PARTIAL, "", f"asked for {count} {type_name}, EC2 launched {len(instances)}"
             )
-            log.warning("instance.launch_partial", launched=len(instances), instance_ids=ids)
+            log.warning("aws.run_instances_partial", launched=len(instances), instance_ids=ids)
             return outcome(instances=instances, failure=failure, attempts=attempts, reused=reused)
-        log.info("instance.launch", launched=len(instances), instance_ids=ids, reused=reused)
+        log.info("aws.run_instances", launched=len(instances), instance_ids=ids, reused=reused)
         return outcome(instances=instances, attempts=attempts, reused=reused)
 
     def _run_params(self, type_name: str, count: int, client_token: str, user_data: str | None) -> dict[str, Any]:
@@ -206,7 +206,7 @@ class Ec2Fleet:
         """Every instance tagged with this run, in any state; or the failure that hid them."""
         result, _ = self._retrying("describe_instances", lambda: self._describe_where([]))
         if isinstance(result, AwsFailure):
-            self._log.warning("instance.describe_failed", kind=result.kind.value, code=result.code)
+            self._log.warning("aws.describe_failed", kind=result.kind.value, code=result.code)
             return DescribeOutcome(failure=result)
         return DescribeOutcome(instances=tuple(result))
 
@@ -239,7 +239,7 @@ class Ec2Fleet:
         )
         result_rec = Reconciliation(adopted=adopted, missing=missing, strays=strays)
         self._log.info(
-            "instance.reconciled",
+            "aws.reconciled",
             adopted=[r.id for r in adopted],
             missing=list(missing),
             strays=list(strays),
@@ -298,7 +298,7 @@ class Ec2Fleet:
         already = tuple(i for i in ids if i in by_id and by_id[i].state.gone)
         to_stop = [i for i in ids if i in by_id and not by_id[i].state.gone]
         if refused:
-            self._log.warning("instance.terminate_refused", instance_ids=list(refused), reason="no run tag")
+            self._log.warning("aws.terminate_refused", instance_ids=list(refused), reason="no run tag")
         if not to_stop:
             return TerminateOutcome(already_terminated=already, refused=refused)
         result, attempts = self._retrying(
@@ -306,10 +306,10 @@ class Ec2Fleet:
         )
         if isinstance(result, AwsFailure):
             self._log.warning(
-                "instance.terminate_failed", instance_ids=to_stop, kind=result.kind.value, code=result.code
+                "aws.terminate_failed", instance_ids=to_stop, kind=result.kind.value, code=result.code
             )
             return TerminateOutcome(already_terminated=already, refused=refused, failed=tuple(to_stop), failure=result)
-        self._log.info("instance.terminated", instance_ids=to_stop, attempts=attempts)
+        self._log.info("aws.terminate_instances", instance_ids=to_stop, attempts=attempts)
         return TerminateOutcome(terminated=tuple(to_stop), already_terminated=already, refused=refused)
 
     # -- pre-flight checks -----------------------------------------------------------------
