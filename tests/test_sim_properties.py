@@ -68,7 +68,7 @@ def scenarios(draw):
 
 def run(inv, wl, goal, seed, **opt):
     cfg = ControllerConfig(margin_s=MARGIN_S, tick_s=60.0, replan_every_s=600.0)
-    return Simulation(inv, wl, goal, cfg, SimOptions(seed=seed, **opt)).run()
+    return Simulation(inv, wl, goal, cfg, SimOptions(seed=seed, max_virtual_s=20 * 86400.0, **opt)).run()
 
 
 @given(scenarios())

@@ -10,7 +10,9 @@ A fixed pipeline of named passes, each pure:
                         the current fleet as existing instances, the policy's fleet rule.
 4. ``_fleet``           diff plan and fleet: launch what is missing; schedule each instance's
                         release at its planned paid-until minus a margin; lengthen at once,
-                        shorten only after ``scale_down_ticks`` agreeing ticks (hysteresis);
+                        shorten only once a surplus persists ``scale_down_after_s`` and survives
+                        a +/-h change of the work, keep a fleet that still meets the goal
+                        unless a new plan saves more than h (hysteresis);
                         the budget cap is applied to every unit before it is bought.
 5. ``_dispatch``        free slots pull work: largest task that ends before the slot's
                         release (never one that would be killed or buy an unplanned unit);
@@ -52,7 +54,8 @@ class ControllerConfig:
     replan_every_s: float = 900.0
     replan_drift: float = 0.05  # re-plan early when remaining work drifts this much from the plan
     min_replan_gap_s: float = 300.0  # ... but not more often than this
-    scale_down_ticks: int = 3
+    scale_down_after_s: float = 600.0  # a surplus must be proposed this long before it is released
+    hysteresis: float = 0.2  # a fleet change must survive a +/- 20% change of the work
     confidence_z: float = 1.645
     replicate: bool = True
     min_samples: int = 30  # sampling phase length when nothing is known about runtimes
@@ -147,6 +150,20 @@ class Controller:
                         Launch(cheapest.name, 1, "sampling_without_private_nodes", life - self.config.margin_s)
                     )
                     s.launched_usd += cheapest.billing.cost_usd(life, cheapest.price_per_hour)
+        # Samples are real work and the estimate needs them: an instance running samples
+        # is kept to its next billing boundary while the budget allows.
+        for n in snap.nodes:
+            if n.is_private or not n.running or n.release_at_s is None or n.launched_at_s is None:
+                continue
+            if n.release_at_s - now <= self.config.tick_s + self.config.margin_s:
+                t = snap.types[n.type_name]
+                # the boundary at least a tick past the current release (per-second billing
+                # has a boundary every second)
+                nxt = t.billing.paid_until(n.launched_at_s, n.release_at_s + self.config.tick_s + 2 * self.config.margin_s)
+                target = nxt - self.config.margin_s
+                if target > n.release_at_s and self._affordable_extension(snap, s, n, t, target, now):
+                    s.actions.append(ScheduleRelease(n.id, target, "sampling_in_progress"))
+                    s.release[n.id] = target
         in_flight = snap.count_running()
         wanted = self._samples_needed(snap) - snap.observations.count - in_flight
         for node in sorted(ready, key=lambda n: -n.speed):
@@ -199,7 +216,48 @@ class Controller:
             planned_cost_usd=snap.committed_usd + result.plan.cost_usd,
             last_note=result.reason,
         )
+        result = self._with_hysteresis(snap, memory, now, rem, result)
         return self._apply_plan(snap, memory, now, result, s)
+
+    def _with_hysteresis(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork,
+                         result: PlanResult) -> PlanResult:
+        """Act on a change of fleet only if it survives a change of the work by +/- h.
+
+        A launch is kept only if a plan for W (1 - h) launches too; shortening an instance's paid life is kept only if a plan for
+        W (1 + h) shortens it too. One noisy estimate therefore cannot make the fleet buy
+        capacity it then gives back, or give back capacity it then buys again.
+        """
+        h = self.config.hysteresis
+        plan = result.plan
+        if h <= 0 or plan is None:
+            return result
+        keep = self._status_quo(snap, memory, now, rem)
+        if keep is not None and plan.cost_usd >= keep * (1.0 - h) - 1e-9:
+            # The fleet as scheduled still finishes in time and the new plan saves too
+            # little: change nothing (ALGORITHMS.md 5, step 5).
+            return replace(result, plan=replace(plan, new=(), existing=()), cause="status_quo")
+        new, existing = plan.new, plan.existing
+        if new and snap.nodes:
+            # Scale up only if a plan for less work would scale up too. Which types it
+            # picks may differ (equally efficient types tie), so only whether is compared.
+            low = self._solve(snap, memory, now, rem, scale=1.0 - h).plan
+            if low is not None and not low.new:
+                new = ()
+        current = {n.id: n.release_at_s for n in snap.nodes if not n.is_private}
+        shortening = [e for e in existing if current.get(e.instance_id) is not None
+                      and e.release_at_s - self.config.margin_s < current[e.instance_id] - 1.0]
+        if shortening:
+            high = self._solve(snap, memory, now, rem, scale=1.0 + h).plan
+            if high is not None:
+                longer = {e.instance_id: e for e in high.existing}
+                existing = tuple(
+                    longer.get(e.instance_id, e) if e in shortening and longer.get(e.instance_id) is not None
+                    and longer[e.instance_id].release_at_s > e.release_at_s else e
+                    for e in existing
+                )
+        if new == plan.new and existing == plan.existing:
+            return result
+        return replace(result, plan=replace(plan, new=new, existing=existing))
 
     def _drifted(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork) -> bool:
         """True when the fleet cannot finish the remaining work by the planned end."""
@@ -236,7 +294,9 @@ class Controller:
             now_s=now,
         )
 
-    def _solve(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork) -> PlanResult:
+    def _solve(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork, scale: float = 1.0) -> PlanResult:
+        if scale != 1.0:
+            rem = replace(rem, upper_ref_s=rem.upper_ref_s * scale, point_ref_s=rem.point_ref_s * scale)
         pin = self._planner_input(snap, now, rem)
         if self.goal.kind == "budget":
             # The planner sees existing instances paid up to their current boundary and
@@ -247,10 +307,41 @@ class Controller:
         deadline_s = (memory.deadline_at_s or math.inf) - now
         return self.planner.cheapest_by(pin, deadline_s)
 
+    def _status_quo(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork) -> float | None:
+        """Money the fleet as scheduled will still cost, if it finishes the work's upper
+        value by the deadline; None when it would not (or there is no deadline to test)."""
+        if self.goal.kind == "budget" or memory.deadline_at_s is None:
+            return None
+        end = memory.deadline_at_s
+        if end <= now:
+            return None
+        phi = self.planner.options.phi_s
+        capacity = 0.0
+        future_usd = 0.0
+        for n in snap.nodes:
+            if n.lost:
+                continue
+            start = max(now, n.ready_at_s or now)
+            allowance = phi + 0.5 * rem.mean_ref_s / n.speed
+            if n.is_private:
+                capacity += n.slots * n.speed * max(0.0, end - start - allowance)
+                continue
+            if n.release_at_s is None or n.launched_at_s is None:
+                return None
+            stop = min(end, n.release_at_s)
+            capacity += n.slots * n.speed * max(0.0, stop - start - allowance)
+            t = snap.types[n.type_name]
+            future_usd += t.billing.cost_usd(max(n.release_at_s, now) - n.launched_at_s, t.price_per_hour) - t.billing.cost_usd(
+                now - n.launched_at_s, t.price_per_hour)
+        if capacity < rem.upper_ref_s:
+            return None
+        return future_usd + sum(p.cost_per_hour for p in self.private) * (end - now) / 3600.0
+
     def _apply_plan(self, snap: Snapshot, memory: Memory, now: float, result: PlanResult, s: _Scratch) -> Memory:
         plan = result.plan
         margin = self.config.margin_s
         shorten = dict(memory.shorten_streak)
+        rem_mean = mean_estimate(snap) or 0.0
         by_id = {n.id: n for n in snap.nodes}
         for ext in plan.existing:
             node = by_id.get(ext.instance_id)
@@ -270,14 +361,21 @@ class Controller:
                     s.notes.append(f"budget cap: {node.id} not extended")
                 shorten.pop(node.id, None)
             else:
-                streak = shorten.get(node.id, 0) + 1
-                if streak >= self.config.scale_down_ticks:
+                busy_until = max((r.started_at_s + (r.estimate_ref_s or rem_mean) / node.speed for r in node.running),
+                                 default=-math.inf)
+                if busy_until > target:
+                    shorten.pop(node.id, None)  # its running tasks would be killed: keep it
+                    continue
+                first = shorten.get(node.id, now)  # when this surplus was first proposed
+                if now - first >= self.config.scale_down_after_s - 1e-9:
                     s.actions.append(ScheduleRelease(node.id, target, "surplus_at_billing_boundary"))
                     s.release[node.id] = target
                     shorten.pop(node.id, None)
                 else:
-                    shorten[node.id] = streak
-        for group in plan.new:
+                    shorten[node.id] = first
+        for group in plan.new if len(snap.pending) else ():
+            # With nothing pending, the work left is inside running tasks, which a new
+            # machine cannot take over (tail replication uses paid idle slots instead).
             t = snap.types[group.type_name]
             count = group.count
             while count > 0 and not self._affordable(snap, s, t, count, group.release_after_s):

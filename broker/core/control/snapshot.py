@@ -143,7 +143,7 @@ class Memory:
     planned_makespan_s: float | None = None
     planned_cost_usd: float | None = None
     launch_streak: int = 0  # consecutive ticks proposing a launch
-    shorten_streak: Mapping[str, int] = field(default_factory=dict)
+    shorten_streak: Mapping[str, float] = field(default_factory=dict)  # instance -> first proposed at
     budget_stopped: bool = False
     plan_failures: int = 0
     last_note: str | None = None
