@@ -37,23 +37,12 @@ from workers.protocol import (
     Started,
     encode,
 )
+from tests.processes import agent_task_processes
 
 
 def marked_processes(state_dir: Path) -> list[int]:
-    """Live processes started by the agent of ``state_dir`` (found by their environment)."""
-    mark = os.fsencode(f"BROKER_AGENT_DIR={state_dir}")
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if mark in environ and state != "Z":
-            pids.append(int(entry.name))
-    return pids
+    """Live processes started by the agent of ``state_dir``."""
+    return agent_task_processes(state_dir)
 
 
 def wait_until(predicate, timeout_s: float = 5.0) -> bool:

@@ -25,25 +25,14 @@ from broker.shells.sampling_runner import (
     local_agent_dir,
     sample_bag,
 )
+from tests.processes import agent_task_processes
 
 SEED = 20240611
 
 
 def agent_processes(root: Path) -> list[int]:
-    """Live processes started by an agent under ``root`` (the agent exports its state dir)."""
-    marks = [os.fsencode(f"BROKER_AGENT_DIR={d}") for d in root.rglob("agents/*")]
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and any(mark in environ for mark in marks):
-            found.append(int(entry.name))
-    return found
+    """Live processes started by an agent under ``root``."""
+    return agent_task_processes(root.rglob("agents/*"))
 
 
 @pytest.fixture

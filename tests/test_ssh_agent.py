@@ -23,6 +23,7 @@ from broker.shells.ssh import SshSession, SshTarget, SshTransport, connect
 from tests.sshd import TestSshd
 from tests.sshd_fixtures import sshd, structlog_defaults  # noqa: F401  (fixtures, until conftest registers the plugin)
 from workers.protocol import Result, Run, Started
+from tests.processes import agent_task_processes
 
 pytestmark = [pytest.mark.sshd, pytest.mark.usefixtures("structlog_defaults")]
 
@@ -48,20 +49,8 @@ def attach(session: SshSession, agent_dir: str, state_dir: Path, slots: int) -> 
 
 
 def processes_of(state_dir: Path) -> list[int]:
-    """Live processes the agent of ``state_dir`` started (it exports BROKER_AGENT_DIR to tasks)."""
-    mark = os.fsencode(f"BROKER_AGENT_DIR={state_dir}")
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if mark in environ and state != "Z":
-            found.append(int(entry.name))
-    return found
+    """Live processes the agent of ``state_dir`` started."""
+    return agent_task_processes(state_dir)
 
 
 @pytest.fixture
