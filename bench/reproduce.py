@@ -197,13 +197,21 @@ def run_all(runs: list[RunSpec], jobs: int) -> list[Outcome]:
     order = sorted(range(len(runs)), key=lambda i: (runs[i].goal_kind != "budget" or runs[i].policy != "broker",
                                                     -runs[i].tasks))
     results: dict[int, Outcome] = {}
+
+    def progress(outcome: Outcome) -> None:
+        s = outcome.spec
+        print(f"[{len(results)}/{len(runs)}] {s.section} {s.scenario} {s.policy} {s.label}: "
+              f"{outcome.sim_wall_s:.1f} s", file=sys.stderr, flush=True)
+
     if jobs <= 1:
         for i in order:
             results[i] = simulate(runs[i])
+            progress(results[i])
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             for i, outcome in zip(order, pool.map(simulate, [runs[i] for i in order])):
                 results[i] = outcome
+                progress(outcome)
     return [results[i] for i in range(len(runs))]
 
 
