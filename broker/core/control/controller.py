@@ -59,6 +59,7 @@ class ControllerConfig:
     confidence_z: float = 1.645
     replicate: bool = True
     min_samples: int = 30  # sampling phase length when nothing is known about runtimes
+    max_sample_fraction: float = 0.2  # ... but at most this share of the bag
     fit_safety: float = 1.0  # a task with an estimate fits when estimate x this <= time to release x speed
     fit_z: float = 1.28  # a task without one fits when mean + fit_z sd does (about its 90% quantile)
 
@@ -115,6 +116,8 @@ class Controller:
         rem = remaining_work(snap, self.config.confidence_z) if tick else None
         if rem is not None:
             memory = self._plan_and_fleet(snap, memory, now, rem, s)
+            if self.config.policy == "broker":
+                self._keep_running_work(snap, now, mean[1], s, "running_task_needs_longer")
         self._dispatch(snap, memory, now, mean, rng, s)
         return Decision(tuple(s.actions), memory, rem, tuple(s.notes))
 
@@ -134,9 +137,13 @@ class Controller:
 
     # -- pass 2 ------------------------------------------------------------------------------
     def _samples_needed(self, snap: Snapshot) -> int:
+        """Runtimes to see before the first plan: ``min_samples``, but never more than
+        ``max_sample_fraction`` of the bag (a bag of 20 tasks is not sampled whole). The
+        (eps, delta) stopping rules of ``broker plan --sample`` replace this when used."""
         if snap.prior_mean_ref_s is not None:
             return 0
-        return min(self.config.min_samples, snap.tasks_total)
+        cap = max(2, math.ceil(self.config.max_sample_fraction * snap.tasks_total))
+        return min(self.config.min_samples, cap, snap.tasks_total)
 
     def _sample(self, snap: Snapshot, memory: Memory, now: float, rng, s: _Scratch) -> Memory:
         """Random draws on every free ready slot until enough runtimes are observed."""
@@ -150,20 +157,8 @@ class Controller:
                         Launch(cheapest.name, 1, "sampling_without_private_nodes", life - self.config.margin_s)
                     )
                     s.launched_usd += cheapest.billing.cost_usd(life, cheapest.price_per_hour)
-        # Samples are real work and the estimate needs them: an instance running samples
-        # is kept to its next billing boundary while the budget allows.
-        for n in snap.nodes:
-            if n.is_private or not n.running or n.release_at_s is None or n.launched_at_s is None:
-                continue
-            if n.release_at_s - now <= self.config.tick_s + self.config.margin_s:
-                t = snap.types[n.type_name]
-                # the boundary at least a tick past the current release (per-second billing
-                # has a boundary every second)
-                nxt = t.billing.paid_until(n.launched_at_s, n.release_at_s + self.config.tick_s + 2 * self.config.margin_s)
-                target = nxt - self.config.margin_s
-                if target > n.release_at_s and self._affordable_extension(snap, s, n, t, target, now):
-                    s.actions.append(ScheduleRelease(n.id, target, "sampling_in_progress"))
-                    s.release[n.id] = target
+        # Samples are real work and the estimate needs them.
+        self._keep_running_work(snap, now, None, s, "sampling_in_progress")
         in_flight = snap.count_running()
         wanted = self._samples_needed(snap) - snap.observations.count - in_flight
         for node in sorted(ready, key=lambda n: -n.speed):
@@ -181,6 +176,30 @@ class Controller:
                 s.actions.append(Assign(tid, SlotRef(node.id, slot), 1, "sampling"))
                 wanted -= 1
         return memory
+
+    def _keep_running_work(self, snap: Snapshot, now: float, size_ref_s: float | None, s: _Scratch, cause: str) -> None:
+        """Keep an instance whose running task would outlive its release to the billing
+        boundary after the task's expected end (``size_ref_s`` for tasks without an
+        estimate; None: the next boundary at least a tick away), while the budget allows.
+        Work killed at a release is work paid for twice."""
+        for n in snap.nodes:
+            if n.is_private or not n.running or n.launched_at_s is None:
+                continue
+            rel = s.release_of(n)
+            if rel is None or rel - now > self.config.tick_s + self.config.margin_s:
+                continue
+            need = rel + self.config.tick_s + self.config.margin_s
+            if size_ref_s is not None:
+                ends = [r.started_at_s + (r.estimate_ref_s or size_ref_s) / n.speed for r in n.running]
+                if max(ends) <= rel:
+                    continue
+                need = max(need, max(ends) + self.config.margin_s)
+            t = snap.types[n.type_name]
+            # per-second billing has a boundary every second: go at least a tick further
+            target = t.billing.paid_until(n.launched_at_s, need) - self.config.margin_s
+            if target > rel and self._affordable_extension(snap, s, n, t, target, now):
+                s.actions.append(ScheduleRelease(n.id, target, cause))
+                s.release[n.id] = target
 
     # -- passes 3 and 4 ----------------------------------------------------------------------
     def _plan_and_fleet(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork, s: _Scratch) -> Memory:
@@ -567,6 +586,18 @@ class Controller:
                     continue
                 s.taken.add(pick[0])
                 s.actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, "dispatch"))
+        if (idle_slots and fit_rule and self._budget(snap) is None and snap.count_running() == 0
+                and not s.taken and len(snap.pending)):
+            # Nothing runs and nothing fits: rather than wait for a plan that thinks the
+            # fleet suffices, start the smallest task where most paid time is left (the
+            # tick then keeps that instance to the task's end). Not under a budget: there,
+            # a task that cannot finish in paid time waits (BaTS semantics).
+            node, slot, _ = max(idle_slots, key=lambda x: (x[2], x[0].id))
+            pick = snap.pending.smallest(mean, s.taken)
+            if pick is not None:
+                s.taken.add(pick[0])
+                s.actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, "nothing_fits_anywhere"))
+                idle_slots = [x for x in idle_slots if (x[0].id, x[1]) != (node.id, slot)]
         if self.config.replicate and self.config.policy == "broker" and len(snap.pending) - len(s.taken) <= 0 and idle_slots:
             self._replicate(snap, now, mean, idle_slots, s)
 

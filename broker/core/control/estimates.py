@@ -10,9 +10,12 @@ quantile of the confidence level.
   max(e - a, 0) when its estimate e is known, else the conditional mean residual from the
   normal approximation, floored at 5% of the mean (a task older than every observation
   still needs *some* time: conservative, never a division by zero).
-- Upper confidence: W_up = W + z (n_p sigma_hat / sqrt(n_o) + sqrt(n_p) sigma_hat):
-  the error of the estimated mean is shared by every pending task, and the tasks' own spread
-  adds in quadrature. A prior mean (from a sampling phase that met its (eps, delta) contract,
+- Upper confidence, tasks without estimates: W_up = W + z (n_p sigma_hat / sqrt(n_o) +
+  sqrt(n_p) sigma_hat): the error of the estimated mean is shared by every pending task, and
+  the tasks' own spread adds in quadrature. Tasks with estimates: their error is the
+  estimates' relative error s_r (of actual/estimate; 15% until 10 have ended), shared through
+  the correction ratio (s_r / sqrt(k + prior weight)) plus each task's own in quadrature
+  (s_r / sqrt(n_k) of their total). A prior mean (from a sampling phase that met its (eps, delta) contract,
   or from the bag's estimation tools) counts as ``PRIOR_WEIGHT`` observations, so n_o never
   starts at one when something is already known.
 """
@@ -77,9 +80,21 @@ def remaining_work(snap: Snapshot, z: float = 1.645) -> RemainingWork | None:
             else:
                 running_work += _residual_mean(mu, sd, elapsed_ref)
     point = pending_work + running_work
-    n_p = len(pool)
+    # Tasks without estimates: mean-sized, so the error of the mean is shared by all of them.
+    n_u = pool.unknown_count
     n_o = max(obs.count + (PRIOR_WEIGHT if snap.prior_mean_ref_s is not None else 0), 1)
-    upper = point + z * (n_p * sd / math.sqrt(n_o) + math.sqrt(n_p + n_running) * sd)
+    unknown_err = n_u * sd / math.sqrt(n_o) + math.sqrt(n_u + n_running) * sd
+    # Tasks with estimates: their error is the estimates' relative error (actual/estimate),
+    # shared through the correction ratio, plus each task's own error in quadrature.
+    known = pool.known_total_ref_s * ratio
+    known_err = 0.0
+    if known > 0:
+        r_sd = obs.ratio_sd()
+        k = max(obs.count_with_estimate, 1)
+        n_k = max(len(pool) - n_u, 1)
+        known_err = known * r_sd / math.sqrt(k + PRIOR_WEIGHT) + known * r_sd / math.sqrt(n_k)
+    upper = point + z * (unknown_err + known_err)
+    n_p = len(pool)
     return RemainingWork(point, upper, mu, sd, n_p, n_running, ratio)
 
 

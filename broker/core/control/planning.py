@@ -133,7 +133,9 @@ class FleetPlanner:
         if not front:
             return None
         if goal.kind == "point":
-            return choose_point(front, int(goal.value))
+            # The run-time front may have fewer points than the one ``broker plan`` printed:
+            # take the nearest point that exists rather than fail.
+            return choose_point(front, min(max(int(goal.value), 1), len(front)))
         if goal.kind == "theta":
             return choose_theta(front, float(goal.value))
         return choose_theta(front, 1.0)  # no goal: the cheapest point

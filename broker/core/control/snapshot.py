@@ -78,16 +78,30 @@ class Observations:
     sum_estimate_ref_s: float = 0.0
     count_with_estimate: int = 0
     max_ref_s: float = 0.0
+    # Relative error of the estimates: sums of r = actual / estimate and of r^2.
+    sum_ratio: float = 0.0
+    sumsq_ratio: float = 0.0
 
     def add(self, runtime_ref_s: float, estimate_ref_s: float | None) -> "Observations":
+        ratio = runtime_ref_s / estimate_ref_s if estimate_ref_s else None
         return Observations(
             count=self.count + 1,
             sum_ref_s=self.sum_ref_s + runtime_ref_s,
             sumsq_ref_s=self.sumsq_ref_s + runtime_ref_s * runtime_ref_s,
             sum_estimate_ref_s=self.sum_estimate_ref_s + (estimate_ref_s or 0.0),
-            count_with_estimate=self.count_with_estimate + (estimate_ref_s is not None),
+            count_with_estimate=self.count_with_estimate + (ratio is not None),
             max_ref_s=max(self.max_ref_s, runtime_ref_s),
+            sum_ratio=self.sum_ratio + (ratio or 0.0),
+            sumsq_ratio=self.sumsq_ratio + (ratio * ratio if ratio is not None else 0.0),
         )
+
+    def ratio_sd(self, prior: float = 0.15) -> float:
+        """Standard deviation of actual/estimate; ``prior`` until 10 tasks with estimates ended."""
+        k = self.count_with_estimate
+        if k < 10:
+            return prior
+        var = (self.sumsq_ratio - self.sum_ratio**2 / k) / (k - 1)
+        return max(var, 0.0) ** 0.5
 
     @property
     def mean_ref_s(self) -> float | None:
