@@ -10,7 +10,6 @@
 import math
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from broker.core.billing import Billing

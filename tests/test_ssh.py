@@ -23,7 +23,7 @@ from broker.shells.ssh import (
 )
 import tests.sshd
 from tests.sshd import TestSshd
-from tests.sshd_fixtures import require_sshd, sshd, structlog_defaults  # noqa: F401  (fixtures, until conftest registers the plugin)
+from tests.sshd_fixtures import require_sshd
 
 pytestmark = [pytest.mark.sshd, pytest.mark.usefixtures("structlog_defaults")]
 

@@ -21,7 +21,6 @@ from broker.shells.agent_client import AgentClient, NodeLost, TaskLost
 from broker.shells.local_transport import local_agent_pid, stop_local_agent
 from broker.shells.ssh import SshSession, SshTarget, SshTransport, connect
 from tests.sshd import TestSshd
-from tests.sshd_fixtures import sshd, structlog_defaults  # noqa: F401  (fixtures, until conftest registers the plugin)
 from workers.protocol import Result, Run, Started
 from tests.processes import agent_task_processes
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from broker.shells.ssh import SshSession, SshTarget, SshTransport, connect
 from broker.shells.transport import Transport, TransportClosed
 from tests.sshd import TestSshd, running_sshd
-from tests.sshd_fixtures import require_sshd, sshd, structlog_defaults  # noqa: F401  (fixtures, until conftest registers the plugin)
+from tests.sshd_fixtures import require_sshd
 
 pytestmark = [pytest.mark.sshd, pytest.mark.usefixtures("structlog_defaults")]
 

@@ -50,12 +50,7 @@ class LocalAgents:
             raise
 
     def stop(self, node: str, client: AgentClient | None) -> None:
-        if client is not None:
-            try:
-                client.shutdown(drain=False)
-                client.wait_closed(2.0)
-            finally:
-                client.close()
+        _close_client(client, wait_s=2.0)
         stop_local_agent(agent_dir(self.run_dir, node))
 
 
@@ -85,12 +80,18 @@ class SshAgents:
         return AgentClient(transport, node.name, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s)
 
     def stop(self, node: str, client: AgentClient | None) -> None:
-        if client is not None:
-            try:
-                client.shutdown(drain=False)
-                client.wait_closed(5.0)
-            finally:
-                client.close()
+        _close_client(client, wait_s=5.0)
         session = self._sessions.pop(node, None)
         if session is not None:
             session.close()
+
+
+def _close_client(client: AgentClient | None, wait_s: float) -> None:
+    """Ask the agent to stop its tasks, wait a little for it to hang up, and close."""
+    if client is None:
+        return
+    try:
+        client.shutdown(drain=False)
+        client.wait_closed(wait_s)
+    finally:
+        client.close()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.control.actions import Assign, Cancel, Launch, Replicate, ScheduleRelease, StopForBudget
+from ..core.control.actions import Assign, Launch, Replicate, ScheduleRelease, StopForBudget
 from ..core.control.controller import Controller, ControllerConfig
 from ..core.control.pool import TaskPool
 from ..core.control.snapshot import Goal, Memory, NodeView, Observations, RunningTask, Snapshot
@@ -49,10 +49,8 @@ class SimWorkload:
 class SimOptions:
     seed: int = 0
     speed_noise: float = 0.0  # actual speed = declared x U(1 - noise, 1 + noise)
-    failure_rate: float = 0.0  # probability that an attempt fails part-way
-    retries: int = 2
+    failure_rate: float = 0.0  # probability that an attempt fails part-way (it is re-queued)
     max_virtual_s: float = 60 * 86400.0  # a run still going after this is reported unfinished
-    record_events: bool = False
 
 
 @dataclass
@@ -98,7 +96,6 @@ class SimResult:
     launches_refused: int = 0
     fleet_changes: list[tuple[float, str, int]] = field(default_factory=list)
     budget_stopped: bool = False
-    events: list[dict] = field(default_factory=list)
     wasted_ref_s: float = 0.0
 
     @property
@@ -275,9 +272,6 @@ class Simulation:
                 self._launch(a)
             elif isinstance(a, StopForBudget):
                 self.result.budget_stopped = True
-            elif isinstance(a, Cancel):
-                pass
-        self._record("actions", n=len(actions)) if self.opt.record_events and actions else None
 
     def _launch(self, a: Launch) -> None:
         t = self.types[a.type_name]
@@ -313,8 +307,6 @@ class Simulation:
         i = self.index[a.task_id]
         if isinstance(a, Assign):
             self.pool.remove(a.task_id)
-            if a.task_id in ():
-                pass
         self.attempts[i] += 1
         attempt = self.attempts[i]
         duration = self.truth[i] / node.actual_speed
@@ -406,9 +398,6 @@ class Simulation:
             self.result.wasted_ref_s += (self.now - start) * node.actual_speed
             self._requeue(task)
         return True
-
-    def _record(self, kind: str, **fields) -> None:
-        self.result.events.append({"t": self.now, "event": kind, **fields})
 
     # -- main loop ---------------------------------------------------------------------------
     def run(self) -> SimResult:

@@ -69,7 +69,9 @@ class FleetPlanner:
 
         if math.isfinite(deadline_s) and deadline_s > 0:
             try:
-                return PlanResult(self._min_cost(pin, deadline_s), "deadline_plan")
+                plan = min_cost(pin.types, pin.private, pin.work, deadline_s, existing=pin.existing,
+                                now_s=pin.now_s, options=self.options)
+                return PlanResult(plan, "deadline_plan")
             except NoFeasiblePlan as exc:
                 fallback = exc.fastest
                 if fallback is not None:
@@ -81,12 +83,6 @@ class FleetPlanner:
             return PlanResult(plan, "deadline_passed_fastest_plan", "deadline cannot be met: running the fastest plan")
         except NoFeasiblePlan as exc:
             return PlanResult(None, None, str(exc))
-
-    def _min_cost(self, pin: PlannerInput, deadline_s: float):
-        from ..plan import min_cost
-
-        return min_cost(pin.types, pin.private, pin.work, deadline_s, existing=pin.existing, now_s=pin.now_s,
-                        options=self.options)
 
     def fastest_within(self, pin: PlannerInput, budget_usd: float, point_ref_s: float | None = None) -> PlanResult:
         """The fastest plan within the budget for the upper confidence value of the work; if

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..model import MachineType, PrivateNode
+from ..model import MachineType
 from .pool import TaskPool
 
 
