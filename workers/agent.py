@@ -33,6 +33,14 @@ group gets SIGTERM, and SIGKILL ``grace_s`` later if the shell still runs. The r
 measured here, with the monotonic clock. Progress: a line ``BROKER_PROGRESS <fraction>`` on
 stdout, noticed within ``progress_poll_s`` (its ``elapsed_s`` is accurate to that).
 
+Output cap. Each stream's file keeps at most ``max_output_bytes`` (``--max-output-bytes``,
+else ``$BROKER_AGENT_MAX_OUTPUT_BYTES``, else 100 MiB; 0 means no cap). The sizes are
+checked at every progress poll: a file past the cap is cut back to it there, so between two
+polls it can exceed the cap by what the task writes in one poll interval. When the task
+ends a truncated file gets a last line saying so, the Result's tail (still the last bytes
+the task wrote) ends with the same note, and ``agent.log`` records it. The count of bytes
+written is the file's largest size seen, exact for a task that writes its stream in order.
+
 Results are journaled before they are sent and replayed on every new connection until the
 master acknowledges them, so neither a dropped connection nor an agent restart loses one.
 A Run for a (task, attempt) the agent already knows is answered, never run twice: with
@@ -80,6 +88,8 @@ PROGRESS_READ_MAX_BYTES = 1 << 20  # per task and poll, so a chatty task cannot 
 PEER_BACKLOG_MAX_BYTES = 16 << 20  # a master that stops reading is dropped (it gets a replay)
 JOURNAL_COMPACT_MIN_BYTES = 4 << 20
 DAEMON_START_TIMEOUT_S = 10.0
+MAX_OUTPUT_ENV = "BROKER_AGENT_MAX_OUTPUT_BYTES"
+DEFAULT_MAX_OUTPUT_BYTES = 100 << 20
 EXIT_FLUSH_TIMEOUT_S = 5.0
 
 Key = Tuple[str, int]
@@ -189,7 +199,7 @@ class _Task:
 
     __slots__ = (
         "run", "key", "pid", "started_at", "out_fd", "err_fd", "out_path", "err_path",
-        "timed_out", "cancelled", "progress_offset", "progress_carry",
+        "timed_out", "cancelled", "progress_offset", "progress_carry", "capped",
     )  # fmt: skip
 
     def __init__(self, run: wire.Run, pid: int, started_at: float, out_fd: int, err_fd: int,
@@ -206,6 +216,48 @@ class _Task:
         self.cancelled = False
         self.progress_offset = 0
         self.progress_carry: Optional[bytes] = b""  # None: inside an over-long line
+        self.capped: Dict[int, _Cut] = {}  # by fd, once a stream has been cut back to the cap
+
+
+class _Cut:
+    """A stream cut back to the cap: the most bytes it held, its last bytes at the last cut, the size then."""
+
+    __slots__ = ("written", "tail", "cut_at")
+
+    def __init__(self) -> None:
+        self.written = 0
+        self.tail = b""
+        self.cut_at = 0
+
+
+def _recent_bytes(fd: int, size: int, cut: Optional[_Cut], cap: int) -> bytes:
+    """The last TAIL_BYTES the task wrote to a stream whose file is ``size`` bytes long.
+
+    After a cut the file is the kept head, a hole up to where the writer's offset was, then
+    what it wrote since; the bytes before the cut come from the tail saved then.
+    """
+    if cut is None:
+        return os.pread(fd, TAIL_BYTES, max(0, size - TAIL_BYTES))
+    start = cut.cut_at if size >= cut.cut_at else cap
+    new = os.pread(fd, max(0, min(TAIL_BYTES, size - start)), max(start, size - TAIL_BYTES))
+    return (cut.tail + new)[-TAIL_BYTES:]
+
+
+def _as_text(tail: bytes, cut_mid_stream: bool) -> str:
+    if cut_mid_stream:  # do not begin inside a UTF-8 sequence
+        skip = 0
+        while skip < 3 and skip < len(tail) and tail[skip] & 0xC0 == 0x80:
+            skip += 1
+        tail = tail[skip:]
+    return tail.decode("utf-8", "replace")
+
+
+def _truncation_note(stream: str, cap: int, written: int) -> str:
+    return (
+        f"[broker agent: {stream} truncated: the task wrote {written:,} bytes, the file keeps the "
+        f"first {cap:,} (--max-output-bytes / {MAX_OUTPUT_ENV}); the tail above is the last output]"
+    )
+
 
 
 def _read_tail(fd: int, path: str) -> Tuple[str, Optional[str]]:
@@ -313,9 +365,13 @@ class Agent:
     """
 
     def __init__(self, state_dir: str, slots: int, node: str, grace_s: float = 5.0,
-                 idle_exit_s: float = 0.0, progress_poll_s: float = 0.25) -> None:  # fmt: skip
+                 idle_exit_s: float = 0.0, progress_poll_s: float = 0.25,
+                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> None:  # fmt: skip
         if slots < 1:
             raise ValueError("slots must be at least 1")
+        if max_output_bytes < 0:
+            raise ValueError("max_output_bytes must be >= 0 (0: no cap)")
+        self.max_output_bytes = max_output_bytes
         self.state_dir = state_dir
         self.slots = slots
         self.node = node
@@ -682,8 +738,8 @@ class Agent:
     def _finish(self, task: _Task, exit_code: int) -> None:
         runtime_s = time.monotonic() - task.started_at
         del self._running[task.key]
-        stdout_tail, stdout_path = _read_tail(task.out_fd, task.out_path)
-        stderr_tail, stderr_path = _read_tail(task.err_fd, task.err_path)
+        stdout_tail, stdout_path = self._close_output(task, task.out_fd, task.out_path, "stdout")
+        stderr_tail, stderr_path = self._close_output(task, task.err_fd, task.err_path, "stderr")
         self._record(
             wire.Result(
                 task.run.task,
@@ -698,6 +754,40 @@ class Agent:
                 stderr_path=stderr_path,
             )
         )
+
+    def _close_output(self, task: _Task, fd: int, path: str, stream: str) -> Tuple[str, Optional[str]]:
+        """The stream's tail and file path, the file cut to the cap with a last line saying so."""
+        cap = self.max_output_bytes
+        cut = task.capped.get(fd)
+        size = os.fstat(fd).st_size
+        if cut is None and not (cap and size > cap):
+            return _read_tail(fd, path)
+        recent = _recent_bytes(fd, size, cut, cap)
+        written = max(size, cut.written if cut else 0)
+        note = _truncation_note(stream, cap, written)
+        os.ftruncate(fd, cap)
+        os.pwrite(fd, ("\n" + note + "\n").encode(), cap)
+        os.close(fd)
+        log(f"task {task.run.task!r} attempt {task.run.attempt}: {note}")
+        return _as_text(recent, True) + "\n" + note, path
+
+    def _cap_outputs(self, task: _Task) -> None:
+        """Cut a stream file that grew past the cap back to it, remembering its last bytes."""
+        cap = self.max_output_bytes
+        if not cap:
+            return
+        for fd in (task.out_fd, task.err_fd):
+            size = os.fstat(fd).st_size
+            if size <= cap:
+                continue
+            cut = task.capped.get(fd)
+            recent = _recent_bytes(fd, size, cut, cap)
+            if cut is None:
+                cut = task.capped[fd] = _Cut()
+            cut.tail, cut.written, cut.cut_at = recent, max(cut.written, size), size
+            os.ftruncate(fd, cap)
+            if fd == task.out_fd and task.progress_offset > cap:
+                task.progress_offset, task.progress_carry = size, None  # resume after the hole
 
     def _record(self, result: wire.Result) -> None:
         self._results[wire.key_of(result)] = result
@@ -768,6 +858,8 @@ class Agent:
             task.progress_offset += len(chunk)
             for fraction in _progress_fractions(task, chunk):
                 self._send(wire.Progress(task.run.task, task.run.attempt, fraction, now - task.started_at))
+        for task in self._running.values():
+            self._cap_outputs(task)
 
     # ----------------------------------------------------------------- journal upkeep
 
@@ -837,7 +929,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     os.chdir(state_dir)
     with open(PID_NAME, "w") as f:
         f.write(f"{os.getpid()}\n")
-    agent = Agent(state_dir, args.slots, args.node, args.grace_s, args.idle_exit_s, args.progress_poll_s)
+    agent = Agent(state_dir, args.slots, args.node, args.grace_s, args.idle_exit_s, args.progress_poll_s,
+                  args.max_output_bytes)  # fmt: skip
     if args.stdio:
         agent.serve_stdio()
     else:
@@ -926,6 +1019,7 @@ def _common_argv(args: argparse.Namespace) -> List[str]:
     return [
         "--slots", str(args.slots), "--node", args.node, "--grace-s", repr(args.grace_s),
         "--idle-exit-s", repr(args.idle_exit_s), "--progress-poll-s", repr(args.progress_poll_s),
+        "--max-output-bytes", str(args.max_output_bytes),
     ]  # fmt: skip
 
 
@@ -949,13 +1043,30 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--grace-s", type=float, default=5.0, help="SIGTERM to SIGKILL delay")
         p.add_argument("--idle-exit-s", type=float, default=0.0, help="exit after this long with no master and no task (0: never)")
         p.add_argument("--progress-poll-s", type=float, default=0.25, help="how often stdout is scanned for progress lines")
+        p.add_argument("--max-output-bytes", type=_byte_count, default=None,
+                       help=f"keep at most this much of each task's stdout and of its stderr (0: no cap; "
+                       f"default ${MAX_OUTPUT_ENV}, else {DEFAULT_MAX_OUTPUT_BYTES})")  # fmt: skip
         if name == "serve":
             p.add_argument("--stdio", action="store_true", help="speak on stdin/stdout and die with the pipe")
     return parser
 
 
+def _byte_count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0 (0: no cap)")
+    return value
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.max_output_bytes is None:
+        from_env = os.environ.get(MAX_OUTPUT_ENV)
+        try:
+            args.max_output_bytes = DEFAULT_MAX_OUTPUT_BYTES if from_env is None else _byte_count(from_env)
+        except (ValueError, argparse.ArgumentTypeError):
+            parser.error(f"{MAX_OUTPUT_ENV}={from_env!r}: expected a number of bytes >= 0 (0: no cap)")
     return args.func(args)
 
 
