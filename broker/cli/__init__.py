@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Sub-commands in the order ``--help`` lists them.
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from broker.config.errors import ConfigError
+    from broker.shells.diskfull import DiskFull, is_disk_full
     from broker.shells.logging import configure_logging
 
     parser = build_parser()
@@ -62,6 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except (DiskFull, OSError) as exc:
+        if not is_disk_full(exc):
+            raise
+        if not isinstance(exc, DiskFull):
+            where = os.path.dirname(os.path.abspath(exc.filename)) if exc.filename else os.getcwd()
+            exc = DiskFull(where, f"cannot write {exc.filename or 'a file'} ({exc.strerror})")
+        print(f"broker {args.command}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

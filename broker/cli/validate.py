@@ -1,7 +1,9 @@
 """``broker validate INVENTORY [BAG] [--live]``: check the input files, start nothing.
 
 Every problem in both files is printed at once (exit status 2); a clean pair gets a short
-summary on standard output (exit status 0).
+summary on standard output (exit status 0). ``--live`` also asks AWS, when the inventory has
+EC2 types, whether the credentials work (STS GetCallerIdentity), whether each type is offered
+in the region and whether the AMI exists (read-only calls; nothing is launched).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--live",
         action="store_true",
         help="also require what a real run needs: AWS region, AMI, key pair and security "
-        "group, and SSH key files that exist and are private to their owner",
+        "group, and SSH key files that exist and are private to their owner; with EC2 types, "
+        "ask AWS (read-only) whether the credentials work and the types and AMI exist",
     )
     parser.set_defaults(func=run)
 
@@ -46,14 +49,38 @@ def run(args: argparse.Namespace) -> int:
             bag = load_bag(args.bag)
         except ConfigError as exc:
             problems += exc.problems
+    aws_note = None
+    if args.live and inventory is not None and inventory.types and not problems:
+        aws_problems, aws_note = check_aws(inventory)
+        problems += aws_problems
     if problems:
         raise ConfigError(problems)
     print(describe_inventory(inventory))
     if bag is not None:
         print(describe_bag(bag))
+    if aws_note:
+        print(aws_note)
     checked = "live fields checked" if args.live else "add --live to check what a real run needs"
     print(f"valid ({checked}); nothing was started")
     return 0
+
+
+def check_aws(inventory: Inventory) -> tuple[list[Problem], str | None]:
+    """Problems AWS reports for the inventory's account, types and AMI, and a note if none.
+
+    Read-only calls (sts:GetCallerIdentity, ec2:DescribeInstanceTypes, ec2:DescribeImages),
+    each allowed by deploy/iam-policy.json. Credentials come from boto3's usual chain.
+    """
+    import boto3
+
+    from broker.shells.aws import Ec2Fleet
+
+    fleet = Ec2Fleet(boto3.Session(region_name=inventory.aws.region), inventory.aws, "validate")
+    credentials = fleet.check_credentials()
+    if not credentials.ok:
+        return [Problem(inventory.source, "aws", credentials.message)], None
+    problems = fleet.check_catalogue([t.name for t in inventory.types], inventory.aws.ami, source=inventory.source)
+    return problems, None if problems else f"{inventory.source}: {credentials.message}; types and AMI found"
 
 
 def describe_inventory(inventory: Inventory) -> str:

@@ -60,6 +60,7 @@ from broker.core.control.snapshot import Goal, Memory, NodeView, Observations, R
 from broker.core.model import Bag, Inventory, MachineType, PrivateNode
 from broker.shells.agent_client import AgentClient, NodeLost, TaskLost
 from broker.shells.clock import RunClock
+from broker.shells.diskfull import DiskFull
 from broker.shells.journal import AttemptResult, Journal
 from workers.protocol import Result, Run
 
@@ -307,9 +308,38 @@ class Daemon:
         try:
             while not self._over():
                 self._turn()
-        finally:
-            state = self._wind_down()
+        except DiskFull as exc:
+            self._release_without_journal(exc)
+            raise
+        except BaseException:
+            self._wind_down()
+            raise
+        state = self._wind_down()
         return self._report(state)
+
+    def _release_without_journal(self, exc: DiskFull) -> None:
+        """The journal cannot be written (a full disk): still stop every agent and terminate every
+        instance, logging what was done (stderr keeps working); ``broker down`` can repeat it."""
+        self.log.error("run.disk_full", error=str(exc))
+        if self.scheduler is not None:
+            self.scheduler.shutdown(wait=False)
+        to_terminate = []
+        for node in self.nodes.values():
+            try:
+                if node.type is None:
+                    self.stop_private_agent(node.id, node.client)
+                elif node.client is not None or node.ready_at_s is not None:
+                    self.instance_agents.stop(node.id, node.client)
+            except Exception as error:  # noqa: BLE001 - keep stopping the others
+                self.log.warning("agent.stop_failed", node=node.id, error=str(error))
+            node.client = None
+            if node.type is not None and node.terminated_at_s is None:
+                to_terminate.append(node.id)
+        if to_terminate:
+            outcome = self.fleet.terminate(to_terminate)
+            self.log.error("run.disk_full_released", instance_ids=to_terminate,
+                           terminated=list(outcome.terminated) + list(outcome.already_terminated),
+                           failed=list(outcome.failed))
 
     # -- start and end -----------------------------------------------------------------------
     def _start(self) -> None:

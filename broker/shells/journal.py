@@ -58,6 +58,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from broker.shells.diskfull import DiskFull, is_disk_full
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from broker.core.billing import Billing
@@ -203,6 +205,10 @@ class JournalError(Exception):
 
 class JournalNotFound(JournalError):
     """No journal in the run directory."""
+
+
+class JournalDiskFull(JournalError, DiskFull):
+    """A write failed for lack of space; it was rolled back and every earlier commit is kept."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,6 +399,8 @@ class Journal:
             journal._prepare()
         except sqlite3.DatabaseError as exc:
             db.close()
+            if is_disk_full(exc):
+                raise JournalDiskFull(path.parent, f"cannot set up the journal {path} ({exc})") from exc
             raise JournalError(f"{path} is not a readable broker journal: {exc}") from exc
         except JournalError:
             db.close()
@@ -461,14 +469,37 @@ class Journal:
                 if self._in_batch
                 else ("BEGIN IMMEDIATE", "COMMIT", "ROLLBACK")
             )
-            self._db.execute(begin)
             try:
-                yield self._db
-            except BaseException:
-                for statement in rollback.split("; "):
-                    self._db.execute(statement)
-                raise
-            self._db.execute(commit)
+                self._db.execute(begin)
+                try:
+                    yield self._db
+                except BaseException:
+                    self._roll_back(rollback)
+                    raise
+                self._db.execute(commit)
+            except sqlite3.Error as exc:
+                if not is_disk_full(exc):
+                    raise
+                self._roll_back(rollback)
+                raise self._disk_full(exc) from exc
+
+    def _roll_back(self, rollback: str) -> None:
+        """Undo the open transaction or savepoint, if SQLite has not already (it may on a full disk)."""
+        if not self._db.in_transaction:
+            return
+        try:
+            for statement in rollback.split("; "):
+                self._db.execute(statement)
+        except sqlite3.Error:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+
+    def _disk_full(self, exc: BaseException) -> JournalDiskFull:
+        return JournalDiskFull(
+            self.path.parent,
+            f"could not write the journal {self.path} ({exc}); the change was rolled back and "
+            "everything committed before it is kept: free some space, then `broker down` or retry",
+        )
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -503,10 +534,16 @@ class Journal:
             try:
                 yield self
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._roll_back("ROLLBACK")
                 raise
             else:
-                self._db.execute("COMMIT")
+                try:
+                    self._db.execute("COMMIT")
+                except sqlite3.Error as exc:
+                    if not is_disk_full(exc):
+                        raise
+                    self._roll_back("ROLLBACK")
+                    raise self._disk_full(exc) from exc
             finally:
                 self._in_batch = False
 

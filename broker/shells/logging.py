@@ -8,10 +8,13 @@ they are documented in the README's event catalogue. Secrets never reach a log l
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any, TextIO
 
 import structlog
+
+from broker.shells.diskfull import DiskFull, is_disk_full
 
 _SECRET_KEY_PARTS = ("secret", "password", "token", "private_key", "credential", "passphrase")
 
@@ -56,11 +59,26 @@ def configure_logging(
         sinks.append((f, json_renderer))
 
     def fan_out(logger: Any, name: str, event: dict[str, Any]) -> str:
-        line = ""
-        for sink, render in sinks:
+        for sink, render in list(sinks):
             line = render(logger, name, dict(event))
-            sink.write(line + "\n")
-            sink.flush()
+            if sink is stream:
+                sink.write(line + "\n")
+                sink.flush()
+                continue
+            try:
+                _append_line(sink, line)
+            except OSError as exc:
+                if not is_disk_full(exc):
+                    raise
+                sinks.remove((sink, render))
+                where = getattr(sink, "name", "<log file>")
+                note = DiskFull(os.path.dirname(os.path.abspath(where)) if isinstance(where, str) else where,
+                                f"{where} stops before this event ({exc.strerror}); later events go to "
+                                "stderr only; every line written before is whole")  # fmt: skip
+                warning = {**event, "event": "log.disk_full", "level": "error", "message": str(note),
+                           "dropped_event": name}  # fmt: skip
+                stream.write(renderer(logger, name, warning) + "\n")
+                stream.flush()
         raise structlog.DropEvent
 
     structlog.configure(
@@ -77,6 +95,26 @@ def configure_logging(
     handler._broker = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
+
+
+def _append_line(sink: TextIO, line: str) -> None:
+    """One whole line at the end of ``sink``, or none: a partial write is cut back off."""
+    data = (line + "\n").encode("utf-8")
+    try:
+        fd = sink.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (tests pass StringIO)
+        sink.write(line + "\n")
+        sink.flush()
+        return
+    sink.flush()
+    start = os.fstat(fd).st_size
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:
+        os.ftruncate(fd, start)
+        raise
 
 
 class _StructlogHandler(logging.Handler):
