@@ -158,15 +158,17 @@ class RunReport:
         }
 
 
-def failure_reason(result: Result) -> str:
+def failure_reason(result: Result, node: str | None = None) -> str:
     """Why an attempt failed, in words: the agent's error, a timeout, or the exit code and what
-    the shell's 126/127 mean (``exit code 127: command not found on node-a``)."""
+    the shell's 126/127 mean (``exit code 127: command not found on node-a (see stderr_tail)``)."""
     if result.error:
         return result.error
     if result.timed_out:
         return "timed out"
     meaning = {126: "command found but not executable", 127: "command not found"}.get(result.exit_code or 0)
-    return f"exit code {result.exit_code}" + (f": {meaning} (see stderr_tail)" if meaning else "")
+    if meaning is None:
+        return f"exit code {result.exit_code}"
+    return f"exit code {result.exit_code}: {meaning}" + (f" on node {node}" if node else "") + " (see stderr_tail)"
 
 
 def _round(value: float | None, digits: int) -> float | None:
@@ -799,7 +801,7 @@ class Daemon:
         if result.ok:
             self._mark_ready(node)
             return True
-        why = failure_reason(result)
+        why = failure_reason(result, node.id)
         self._emit("node.setup_failed", node=node.id, reason=why, stderr_tail=result.stderr_tail[-500:])
         node.lost = True
         if node.type is not None:  # released by the loop, after this batch of results commits
@@ -817,7 +819,7 @@ class Daemon:
                                 stdout_tail=r.stdout_tail, stderr_tail=r.stderr_tail, error=r.error)
         self.journal.task_finished(r.task, r.attempt, outcome, node=node.id, at_s=self.clock.to_epoch_s(now))
         if not outcome.ok:
-            why = failure_reason(r)
+            why = failure_reason(r, node.id)
             self._after_failure(r.task, r.attempt, node.id, why, r.stderr_tail)
             return True
         if r.task in self.done:

@@ -22,6 +22,7 @@ port, user, error, message), ``ssh.host_key_trusted`` (host, port, key_type, fin
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import getpass
 import os
@@ -196,19 +197,45 @@ def load_private_key(key_path: str) -> paramiko.PKey:
             f"permissions {stat.S_IMODE(mode):04o} for private key {path} are too open: "
             f"other users could read it. Run: chmod 600 {path}"
         )
+    passphrase_protected = KeyFileRejected(
+        f"private key {path} is passphrase-protected; the broker logs in unattended, "
+        "so give it a dedicated key without a passphrase (readable only by you)"
+    )
     try:
         return paramiko.PKey.from_path(path)
     except paramiko.PasswordRequiredException:
-        raise KeyFileRejected(
-            f"private key {path} is passphrase-protected; the broker logs in unattended, "
-            "so give it a dedicated key without a passphrase (readable only by you)"
-        ) from None
+        raise passphrase_protected from None
     except (paramiko.SSHException, ValueError, TypeError, OSError) as exc:
+        if _is_encrypted_key_file(path):  # paramiko says TypeError for an encrypted OpenSSH key
+            raise passphrase_protected from None
         # The exception text may quote file contents: name its type only.
         raise KeyFileRejected(
             f"{path} is not a private key the broker can read ({type(exc).__name__}); "
             "expected an OpenSSH or PEM Ed25519, ECDSA or RSA key"
         ) from None
+
+
+def _is_encrypted_key_file(path: Path) -> bool:
+    """Whether a key file is encrypted: a PEM ``ENCRYPTED`` header, or an OpenSSH key whose
+    cipher (the string after the ``openssh-key-v1`` magic) is not ``none``."""
+    try:
+        text = path.read_text("ascii", errors="replace")
+    except OSError:
+        return False
+    if "ENCRYPTED" in text:
+        return True
+    begin, end = "-----BEGIN OPENSSH PRIVATE KEY-----", "-----END OPENSSH PRIVATE KEY-----"
+    if begin not in text or end not in text:
+        return False
+    try:
+        blob = base64.b64decode("".join(text.split(begin, 1)[1].split(end, 1)[0].split()))
+    except ValueError:
+        return False
+    magic = b"openssh-key-v1\0"
+    if not blob.startswith(magic) or len(blob) < len(magic) + 4:
+        return False
+    length = int.from_bytes(blob[len(magic) : len(magic) + 4], "big")
+    return blob[len(magic) + 4 : len(magic) + 4 + length] != b"none"
 
 
 def _load_known_hosts(client: paramiko.SSHClient, target: SshTarget) -> None:
