@@ -61,6 +61,7 @@ from broker.core.model import Bag, Inventory, MachineType, PrivateNode
 from broker.shells.agent_client import AgentClient, NodeLost, TaskLost
 from broker.shells.clock import RunClock
 from broker.shells.diskfull import DiskFull
+from broker.shells.logging import mask_secrets, register_secrets_in
 from broker.shells.journal import AttemptResult, Journal
 from workers.protocol import Result, Run
 
@@ -270,6 +271,7 @@ class Daemon:
         self.on_progress = on_progress
         self.types = {t.name: t for t in inventory.types}
         self.log = structlog.get_logger().bind(run_id=options.run_id)
+        register_secrets_in(bag.env)  # a task printing its token must not put it in a log
         self.rng = np.random.default_rng(options.seed)
 
         self.tasks = {t.id: t for t in bag.tasks}
@@ -791,7 +793,7 @@ class Daemon:
         if isinstance(message, TaskLost):
             if self._free(node, message.task, message.attempt) is None:
                 return False
-            self.journal.task_failed(message.task, message.attempt, message.reason, node=node.id,
+            self.journal.task_failed(message.task, message.attempt, mask_secrets(message.reason), node=node.id,
                                      at_s=self.clock.epoch_s())
             self._after_failure(message.task, message.attempt, node.id, message.reason)
             return True
@@ -816,7 +818,8 @@ class Daemon:
             return False  # a cancelled copy, or an attempt already written off
         now = self.clock.now_s()
         outcome = AttemptResult(exit_code=r.exit_code, runtime_s=r.runtime_s, timed_out=r.timed_out,
-                                stdout_tail=r.stdout_tail, stderr_tail=r.stderr_tail, error=r.error)
+                                stdout_tail=mask_secrets(r.stdout_tail), stderr_tail=mask_secrets(r.stderr_tail),
+                                error=mask_secrets(r.error))
         self.journal.task_finished(r.task, r.attempt, outcome, node=node.id, at_s=self.clock.to_epoch_s(now))
         if not outcome.ok:
             why = failure_reason(r, node.id)
@@ -875,4 +878,4 @@ class Daemon:
     # -- events ------------------------------------------------------------------------------
     def _emit(self, name: str, **fields: Any) -> None:
         self.log.info(name, **fields)
-        self.journal.record_event(name, fields, at_s=self.clock.epoch_s())
+        self.journal.record_event(name, mask_secrets(fields), at_s=self.clock.epoch_s())

@@ -2,7 +2,14 @@
 
 Event names are stable and dotted (``plan.solved``, ``instance.launch``, ``task.done``);
 they are documented in the README's event catalogue. Secrets never reach a log line: the
-``redact`` processor masks values of keys that look like credentials.
+``redact`` processor masks, at any depth, the values of keys that look like credentials
+(``*secret*``, ``*token*``, ``*password*``, ``*passphrase*``, ``*credential*``,
+``*private_key*``, ``*api_key*``, ``*access_key*``), and every occurrence of a registered
+secret value inside any string (a task that prints its token to stderr). Registered values
+are those of secret-looking environment variables (``AWS_SECRET_ACCESS_KEY``,
+``AWS_SESSION_TOKEN``, ...) when logging is configured, of secret-looking bag ``env``
+entries when a run starts, and any passed to :func:`register_secret`. The daemon applies
+the same masking to what it writes to the journal (:func:`mask_secrets`).
 """
 
 from __future__ import annotations
@@ -16,15 +23,50 @@ import structlog
 
 from broker.shells.diskfull import DiskFull, is_disk_full
 
-_SECRET_KEY_PARTS = ("secret", "password", "token", "private_key", "credential", "passphrase")
+_SECRET_KEY_PARTS = (
+    "secret", "password", "passwd", "token", "private_key", "credential", "passphrase", "api_key", "apikey",
+    "access_key",
+)  # fmt: skip
+MASK = "***"
+_MIN_SECRET_LEN = 6  # shorter values would mask ordinary words and numbers everywhere
+_secret_values: set[str] = set()
+
+
+def looks_secret(name: str) -> bool:
+    """Whether a key or variable name looks like it holds a credential."""
+    lowered = name.lower()
+    return any(part in lowered for part in _SECRET_KEY_PARTS)
+
+
+def register_secret(value: str) -> None:
+    """Mask ``value`` wherever it appears in a later log line (ignored if shorter than 6)."""
+    if isinstance(value, str) and len(value) >= _MIN_SECRET_LEN:
+        _secret_values.add(value)
+
+
+def register_secrets_in(mapping: Any) -> None:
+    """Register the values of a mapping's secret-looking names (``os.environ``, a bag's env)."""
+    for name, value in dict(mapping).items():
+        if looks_secret(str(name)):
+            register_secret(value)
+
+
+def mask_secrets(value: Any) -> Any:
+    """``value`` with secret-named entries and registered secret values masked, at any depth."""
+    if isinstance(value, str):
+        for secret in sorted(_secret_values, key=len, reverse=True):
+            if secret in value:
+                value = value.replace(secret, MASK)
+        return value
+    if isinstance(value, dict):
+        return {k: MASK if isinstance(k, str) and looks_secret(k) else mask_secrets(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(mask_secrets(v) for v in value)
+    return value
 
 
 def redact(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
-    for key in list(event):
-        lowered = key.lower()
-        if any(part in lowered for part in _SECRET_KEY_PARTS):
-            event[key] = "***"
-    return event
+    return mask_secrets(event)
 
 
 def configure_logging(
@@ -39,20 +81,20 @@ def configure_logging(
     same events as JSON lines (the run directory's ``events.jsonl``).
     """
     stream = stream or sys.stderr
+    register_secrets_in(os.environ)
     if json is None:
         json = not (hasattr(stream, "isatty") and stream.isatty())
     shared = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
-        redact,
     ]
     renderer: Any = (
         structlog.processors.JSONRenderer(sort_keys=False)
         if json
         else structlog.dev.ConsoleRenderer(colors=stream.isatty() if hasattr(stream, "isatty") else False)
     )
-    processors = shared + [structlog.processors.format_exc_info]
+    processors = shared + [structlog.processors.format_exc_info, redact]  # tracebacks masked too
     sinks = [(stream, renderer)]
     json_renderer = structlog.processors.JSONRenderer(sort_keys=False)
     for f in extra_files or []:

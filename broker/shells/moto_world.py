@@ -28,15 +28,18 @@ _FAKE_ENV = {
 }
 # Files a real account's credentials could come from: pointed at nothing during the dry run.
 _MASKED_FILES = ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE")
+# An endpoint override (LocalStack users set one) would send moto's requests past moto.
+_UNSET = ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2", "AWS_ENDPOINT_URL_STS")
 
 
 @contextmanager
 def fake_aws_environment(region: str) -> Iterator[None]:
     """Fake credentials and region in ``os.environ`` for the block; the old values after."""
-    saved = {k: os.environ.get(k) for k in (*_FAKE_ENV, *_MASKED_FILES, "AWS_DEFAULT_REGION", "AWS_PROFILE")}
+    saved = {k: os.environ.get(k) for k in (*_FAKE_ENV, *_MASKED_FILES, "AWS_DEFAULT_REGION", *_UNSET)}
     os.environ.update(_FAKE_ENV)
     os.environ["AWS_DEFAULT_REGION"] = region
-    os.environ.pop("AWS_PROFILE", None)
+    for name in _UNSET:
+        os.environ.pop(name, None)
     for name in _MASKED_FILES:
         os.environ[name] = os.devnull
     try:
