@@ -117,9 +117,37 @@ def test_run_instances_creates_instances_and_volumes_only_with_the_managed_reque
         assert "*" not in _resources(statement)
 
 
-def test_tags_can_be_written_only_by_the_launch_itself() -> None:
-    for statement in _statements_for("ec2:CreateTags"):
+def test_tags_can_be_written_only_by_the_launch_itself_and_only_with_the_managed_tag() -> None:
+    statements = _statements_for("ec2:CreateTags")
+    assert statements
+    for statement in statements:
         assert statement["Condition"]["StringEquals"]["ec2:CreateAction"] == "RunInstances"
+        assert statement["Condition"]["StringEquals"][f"aws:RequestTag/{MANAGED_TAG}"] == "true"
+        assert all(":instance/" in r or ":volume/" in r for r in _resources(statement))
+
+
+def test_no_statement_allows_deleting_tags_or_a_wildcard_resource_for_a_mutating_action() -> None:
+    mutating = {"ec2:RunInstances", "ec2:TerminateInstances", "ec2:CreateTags", "iam:PassRole"}
+    for statement in _policy()["Statement"]:
+        assert "ec2:DeleteTags" not in _actions(statement)
+        if mutating & set(_actions(statement)):
+            assert "*" not in _resources(statement), statement["Sid"]
+
+
+def test_what_the_policy_requires_is_what_a_launch_sends() -> None:
+    """The tag the conditions name is the one the fleet puts on every instance and volume."""
+    from broker.core.model import AwsSettings
+    from broker.shells.aws import Ec2Fleet
+
+    class _NoCalls:
+        def run_instances(self, **_):  # pragma: no cover - never called: only the parameters are built
+            raise AssertionError
+
+    fleet = Ec2Fleet(_NoCalls(), AwsSettings(region="us-east-1", ami="ami-1"), "run-1")
+    params = fleet._run_params("t3.micro", 1, "tok", None)
+    for spec in params["TagSpecifications"]:
+        assert spec["ResourceType"] in ("instance", "volume")
+        assert {"Key": MANAGED_TAG, "Value": "true"} in spec["Tags"]
 
 
 @pytest.mark.parametrize("statement", _statements_for("iam:PassRole"), ids=lambda s: s["Sid"])
