@@ -487,6 +487,19 @@ def _(env: ProbeEnv) -> Seen:
     return Seen(_failure_text(result), str(workdir))
 
 
+@probe("agent-bad-output-cap-setting", "agent", "='lots'",
+       "expected a number of bytes >= 0 (0: no cap)")  # fmt: skip
+def _(env: ProbeEnv) -> Seen:
+    from broker.shells.local_transport import AGENT_SCRIPT
+
+    state_dir = env.tmp / "agent"
+    done = subprocess.run([sys.executable, str(AGENT_SCRIPT), "serve", "--stdio", "--state-dir", str(state_dir),
+                           "--slots", "1"], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "BROKER_AGENT_MAX_OUTPUT_BYTES": "lots"})  # fmt: skip
+    assert done.returncode == 2 and not state_dir.exists()  # refused before it could take a task
+    return Seen(done.stderr, "agent.py: error: BROKER_AGENT_MAX_OUTPUT_BYTES")
+
+
 CAP = 1_000_000
 
 

@@ -86,3 +86,29 @@ def test_missing_argument_is_a_usage_error(capsys):
         main(["validate"])
     assert exc.value.code == 2
     assert "INVENTORY" in capsys.readouterr().err
+
+
+def test_live_asks_aws_and_reports_a_working_account(tmp_path, capsys, monkeypatch):
+    """Under moto: a real AMI and an offered type pass, and the summary names the identity."""
+    import boto3
+    from moto import mock_aws
+
+    from test_aws_fleet import isolate_from_real_aws
+
+    isolate_from_real_aws(monkeypatch, tmp_path)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        ami = sorted(i["ImageId"] for i in boto3.client("ec2", region_name="us-east-1").describe_images(
+            Owners=["amazon"])["Images"])[0]  # fmt: skip
+        inventory = tmp_path / "inv.yaml"
+        inventory.write_text(
+            f"aws:\n  region: us-east-1\n  ami: {ami}\n  key_name: k\n  security_group: sg-0\n"
+            "  types:\n    - {name: m5.large, slots: 2, speed: 1, price: 0.1, limit: 2}\n"
+            "    - {name: c5.xlarge, slots: 4, speed: 1, price: 0.2, limit: 2}\n"
+        )
+        assert main(["validate", str(inventory), "--live"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith(f"{inventory}: AWS credentials work (identity arn:aws:") and out[1].endswith(
+        "types and AMI found")  # fmt: skip
+    assert out[-1] == "valid (live fields checked); nothing was started"
