@@ -308,7 +308,11 @@ class Daemon:
         self.stop_requested = True
 
     def run(self) -> RunReport:
-        self._start()
+        try:
+            self._start()
+        except DiskFull as exc:
+            self._release_without_journal(exc)
+            raise
         try:
             while not self._over():
                 self._turn()
