@@ -92,9 +92,9 @@ def run(args: argparse.Namespace) -> int:
                          "nobody can answer the launch question; pass --yes to launch without asking")
     inventory = load_inventory(args.inventory, live=not args.dry_run)
     bag = load_bag(args.bag)
-    if not args.dry_run and inventory.types:
-        raise UsageError("a live run on EC2 instances needs their SSH bootstrap, which is not built yet: "
-                         "use --dry-run, or an inventory without aws types")
+    if not args.dry_run and inventory.types and not inventory.aws.key:
+        raise UsageError(f"{args.inventory}: a live run logs in to its EC2 instances over SSH: give aws.key, "
+                         "the private key file of the key pair aws.key_name (or use --dry-run)")
 
     run_dir = Path(args.run_dir) if args.run_dir else None
     from broker.shells.journal import JOURNAL_FILE, Journal
@@ -160,6 +160,7 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
         inbox: queue.Queue = queue.Queue()
         local = LocalAgents(run_dir, inbox)
         remote = SshAgents(run_id, inbox)
+        instances = local if args.dry_run else _instance_agents(run_id, run_dir, inbox, inventory.aws, fleet)
 
         def private_agent(node):
             return local.attach(node.name, node.slots) if node.local else remote.attach(node)
@@ -172,7 +173,7 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
         daemon = Daemon(
             inventory, bag, goal,
             DaemonOptions(run_dir=run_dir, run_id=run_id, dry_run=args.dry_run, tick_s=tick_s),
-            journal=journal, clock=clock, fleet=fleet, instance_agents=local,
+            journal=journal, clock=clock, fleet=fleet, instance_agents=instances,
             private_agents=private_agent, stop_private_agent=stop_private, inbox=inbox,
             config=ControllerConfig(tick_s=tick_s, margin_s=margin_s),
             confirm=printer.confirm, on_first_plan=printer.show_plan, on_progress=printer.progress,
@@ -194,6 +195,16 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
     if report.stop_reason == "declined":
         return 1
     return 0 if report.tasks_done == report.tasks_total else 1
+
+
+def _instance_agents(run_id, run_dir, inbox, aws, fleet):
+    """A live run's instances: reached over SSH at the address EC2 reports (aws.address)."""
+    from broker.shells.nodes import InstanceAgents
+
+    if not aws.key:  # an inventory without types never launches: nothing to reach
+        return None
+    return InstanceAgents(run_id, run_dir, inbox, aws, address_of=lambda i: fleet.address_of(i, aws.address),
+                          console_of=fleet.console_output)
 
 
 class _Printer:

@@ -5,7 +5,10 @@
   moto reports are never contacted;
 - a private node with a host is reached over SSH: connect (host key checked against
   known_hosts), ship the agent's files, and open a stream to ``agent.py attach``, whose
-  daemon survives a dropped connection.
+  daemon survives a dropped connection;
+- an EC2 instance of a live run is reached the same way once it has booted
+  (:class:`InstanceAgents`: its address from describe_instances, its host key from its
+  console or known_hosts, SSH retried with backoff until ``aws.ssh_timeout``).
 
 ``attach`` returns a :class:`~broker.shells.agent_client.AgentClient` after its handshake;
 ``stop`` ends the agent (cancelling what it runs) and is safe to call twice.
@@ -13,14 +16,20 @@
 
 from __future__ import annotations
 
+import posixpath
 import queue
 import shlex
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from broker.core.model import PrivateNode
+import structlog
+
+from broker.core.model import AwsSettings, PrivateNode
 from broker.shells.agent_client import AgentClient
 from broker.shells.local_transport import attach_local_agent, stop_local_agent
+
+log = structlog.get_logger()
 
 AGENTS_DIR = "agents"
 REMOTE_AGENT_ROOT = "~/.broker"
@@ -68,22 +77,168 @@ class SshAgents:
 
         session = connect(SshTarget.for_node(node))
         self._sessions[node.name] = session
-        remote_dir = session.deploy_agent(f"{REMOTE_AGENT_ROOT}/agent")
-        q = shlex.quote
-        # The state directory keeps its leading ~ unquoted so that the remote shell expands it.
-        command = (
-            f"python3 {q(remote_dir + '/agent.py')} attach"
-            f" --state-dir {REMOTE_AGENT_ROOT}/runs/{q(self.run_id + '/' + node.name)}"
-            f" --slots {int(node.slots)} --node {q(node.name)}"
-        )
-        transport = session.open_stream(command)
-        return AgentClient(transport, node.name, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s)
+        return start_remote_agent(session, self.run_id, node.name, node.slots, self.inbox, self.handshake_timeout_s)
 
     def stop(self, node: str, client: AgentClient | None) -> None:
         _close_client(client, wait_s=5.0)
         session = self._sessions.pop(node, None)
         if session is not None:
             session.close()
+
+
+def remote_path(root: str, rest: str) -> str:
+    """``root/rest`` for a remote shell: quoted, except a leading ``~`` the shell must expand."""
+    if root == "~" or root.startswith("~/"):
+        return "~/" + shlex.quote(posixpath.join(root[2:], rest))
+    return shlex.quote(posixpath.join(root, rest))
+
+
+def start_remote_agent(
+    session: Any,
+    run_id: str,
+    node: str,
+    slots: int,
+    inbox: queue.Queue,
+    handshake_timeout_s: float,
+    remote_root: str = REMOTE_AGENT_ROOT,
+) -> AgentClient:
+    """Ship the agent over ``session`` and attach to it (starting its daemon if none runs).
+
+    The daemon's state lives in ``<remote_root>/runs/<run_id>/<node>`` on the node.
+    """
+    remote_dir = session.deploy_agent(f"{remote_root}/agent")
+    q = shlex.quote
+    command = (
+        f"python3 {q(remote_dir + '/agent.py')} attach"
+        f" --state-dir {remote_path(remote_root, f'runs/{run_id}/{node}')}"
+        f" --slots {int(slots)} --node {q(node)}"
+    )
+    transport = session.open_stream(command)
+    return AgentClient(transport, node, inbox=inbox, handshake_timeout_s=handshake_timeout_s)
+
+
+class InstanceUnreachable(ConnectionError):
+    """An instance gave no address, host key or SSH login within ``aws.ssh_timeout``."""
+
+
+class InstanceAgents:
+    """Agents on EC2 instances, reached over SSH once they have booted.
+
+    ``attach(instance_id, slots)`` waits (doubling pauses of 1 s up to 15 s, all within the
+    inventory's ``aws.ssh_timeout``) for the instance's address, then for its host key
+    under ``aws.host_key_policy``, then for an SSH login as ``aws.user`` with ``aws.key``;
+    it ships the agent, starts it and returns the client after its handshake. Whatever
+    fails raises with the instance and what was missing named; the daemon then reports
+    ``node.lost`` and releases the instance, and the controller re-plans without it.
+
+    Host keys (a fresh instance's are new by definition):
+
+    - ``console`` (default): the keys cloud-init prints on the instance's console, read
+      through the EC2 API (``console_of``), become the only keys accepted for that instance
+      (``run_dir/known_hosts.d/<id>``); any other key is refused as changed;
+    - ``known-hosts``: ``aws.known_hosts`` (default ``~/.ssh/known_hosts``) must already hold
+      the key, e.g. for an AMI with baked-in host keys;
+    - ``accept-new``: trust on first use, each acceptance logged as ``ssh.host_key_trusted``
+      with the fingerprint and recorded in ``run_dir/known_hosts.d/<id>``.
+
+    ``address_of(instance_id)`` gives the IP to use (``None`` while there is none);
+    ``console_of(instance_id)`` the console text. Both are injected: live runs pass the
+    fleet's lookups, tests map moto's instances to an sshd on 127.0.0.1 (moto's IPs are
+    invented and must never be contacted).
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        run_dir: Path,
+        inbox: queue.Queue,
+        settings: AwsSettings,
+        *,
+        address_of: Callable[[str], str | None],
+        console_of: Callable[[str], str | None] | None = None,
+        handshake_timeout_s: float = 30.0,
+        remote_root: str = REMOTE_AGENT_ROOT,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not settings.key:
+            raise ValueError("instances are reached over SSH with aws.key, which the inventory does not give")
+        if settings.host_key_policy == "console" and console_of is None:
+            raise ValueError("host_key_policy console needs a console_of lookup")
+        self.run_id = run_id
+        self.run_dir = Path(run_dir)
+        self.inbox = inbox
+        self.settings = settings
+        self.address_of = address_of
+        self.console_of = console_of
+        self.handshake_timeout_s = handshake_timeout_s
+        self.remote_root = remote_root
+        self._clock = clock
+        self._sleep = sleep
+        self._sessions: dict[str, Any] = {}
+
+    def attach(self, node: str, slots: int) -> AgentClient:
+        from broker.shells.ssh import SshTarget, connect_when_up
+
+        s = self.settings
+        deadline = self._clock() + s.ssh_timeout_s
+        host = self._wait_for(node, lambda: self.address_of(node), deadline, f"{s.address} IP address")
+        known_hosts, tofu = self._host_keys(node, host, deadline)
+        target = SshTarget(host=host, port=s.ssh_port, user=s.user, key_path=s.key,
+                           known_hosts_path=known_hosts, trust_on_first_use=tofu)
+        try:
+            session = connect_when_up(target, max(1.0, deadline - self._clock()), clock=self._clock,
+                                      sleep=self._sleep)
+        except ConnectionError as exc:
+            raise InstanceUnreachable(f"instance {node}: {exc}") from exc
+        self._sessions[node] = session
+        try:
+            return start_remote_agent(session, self.run_id, node, slots, self.inbox, self.handshake_timeout_s,
+                                      self.remote_root)
+        except BaseException:
+            self._sessions.pop(node, None)
+            session.close()
+            raise
+
+    def stop(self, node: str, client: AgentClient | None) -> None:
+        _close_client(client, wait_s=5.0)
+        session = self._sessions.pop(node, None)
+        if session is not None:
+            session.close()
+
+    def known_hosts_file(self, node: str) -> Path:
+        return self.run_dir / "known_hosts.d" / node
+
+    def _host_keys(self, node: str, host: str, deadline: float) -> tuple[str | None, bool]:
+        """The known_hosts file to check the instance against, and whether to trust on first use."""
+        from broker.shells.ssh import host_keys_from_console, write_known_hosts
+
+        policy = self.settings.host_key_policy
+        if policy == "known-hosts":
+            return self.settings.known_hosts, False
+        path = self.known_hosts_file(node)
+        if policy == "accept-new":
+            return str(path), True
+        assert self.console_of is not None  # checked in __init__
+        keys = self._wait_for(node, lambda: host_keys_from_console(self.console_of(node) or "") or None,
+                              deadline, "SSH host keys on its console (cloud-init prints them at first boot)")
+        write_known_hosts(path, host, self.settings.ssh_port, keys)
+        log.info("ssh.host_keys_from_console", instance_id=node, host=host,
+                 key_types=[key_type for key_type, _ in keys], known_hosts=str(path))
+        return str(path), False
+
+    def _wait_for(self, node: str, probe: Callable[[], Any], deadline: float, what: str) -> Any:
+        delay = 1.0
+        while True:
+            value = probe()
+            if value is not None:
+                return value
+            left = deadline - self._clock()
+            if left <= 0:
+                raise InstanceUnreachable(
+                    f"instance {node} gave no {what} within aws.ssh_timeout ({self.settings.ssh_timeout_s:g} s)")
+            self._sleep(min(delay, left))
+            delay = min(delay * 2, 15.0)
 
 
 def _close_client(client: AgentClient | None, wait_s: float) -> None:
