@@ -247,3 +247,26 @@ def test_known_hosts_policy_refuses_an_instance_whose_key_is_not_there(sshd: Tes
                         known_hosts=str(sshd.known_hosts_path))
     client = agents.attach("i-3", 1)
     agents.stop("i-3", client)
+
+
+def test_releasing_an_instance_abandons_the_attach_under_way(sshd: TestSshd, tmp_path: Path,
+                                                             remote_root: Path) -> None:
+    agents = agents_for(sshd, tmp_path, remote_root, ssh_timeout_s=60.0)
+    agents.address_of = lambda i: None  # no address yet: the attach keeps waiting
+    outcome: queue.Queue = queue.Queue()
+    agents.attach_in_background("i-4", 1, lambda client, error: outcome.put((client, error)))
+    time.sleep(0.2)
+    assert outcome.empty()
+    agents.stop("i-4", None)  # the daemon releases the instance meanwhile
+    client, error = outcome.get(timeout=10.0)  # far sooner than the 60 s timeout
+    assert client is None and isinstance(error, InstanceUnreachable)
+    assert "i-4 was released while waiting for its public IP address" in str(error)
+
+
+def test_attach_in_background_hands_over_the_client(sshd: TestSshd, tmp_path: Path, remote_root: Path) -> None:
+    agents = agents_for(sshd, tmp_path, remote_root)
+    outcome: queue.Queue = queue.Queue()
+    agents.attach_in_background("i-5", 2, lambda client, error: outcome.put((client, error)))
+    client, error = outcome.get(timeout=20.0)
+    assert error is None and client.hello.slots == 2 and client.hello.node == "i-5"
+    agents.stop("i-5", client)

@@ -80,6 +80,15 @@ class BootDone:
 
 
 @dataclass(frozen=True, slots=True)
+class Attached:
+    """An instance agent attached in the background (``client``), or could not be (``error``)."""
+
+    instance_id: str
+    client: Any
+    error: BaseException | None
+
+
+@dataclass(frozen=True, slots=True)
 class ReleaseDue:
     instance_id: str
     version: int
@@ -418,6 +427,8 @@ class Daemon:
                 tick = True
             elif isinstance(message, BootDone):
                 changed |= self._on_boot(message.instance_id)
+            elif isinstance(message, Attached):
+                changed |= self._on_attached(message)
             elif isinstance(message, ReleaseDue):
                 node = self.nodes.get(message.instance_id)
                 if node is not None and node.terminated_at_s is None and node.release_version == message.version:
@@ -607,9 +618,8 @@ class Daemon:
         """Terminate an instance now: its attempts are cancelled and re-queued first."""
         now = self.clock.now_s()
         self._cancel_running(node)
-        if node.client is not None or node.ready_at_s is not None:
-            self.instance_agents.stop(node.id, node.client)
-            node.client = None
+        self.instance_agents.stop(node.id, node.client)  # also abandons an attach under way
+        node.client = None
         self._unschedule(f"boot-{node.id}")
         self._unschedule(f"release-{node.id}")
         intent = self.journal.intend("terminate", {"instance_id": node.id}, cause, at_s=self.clock.epoch_s())
@@ -637,13 +647,28 @@ class Daemon:
         if node is None or node.terminated_at_s is not None or node.client is not None:
             return False
         self.journal.record_instance_state(node.id, "running", at_s=self.clock.epoch_s())
+        in_background = getattr(self.instance_agents, "attach_in_background", None)
+        if in_background is not None:  # reaching a live instance may take minutes: not in the loop
+            in_background(node.id, node.slots, lambda client, error: self._post(Attached(node.id, client, error)))
+            return False
         try:
-            node.client = self.instance_agents.attach(node.id, node.slots)
+            client = self.instance_agents.attach(node.id, node.slots)
         except Exception as exc:  # noqa: BLE001 - an unreachable instance is released, not fatal
-            self._emit("node.lost", node=node.id, reason=f"could not start its agent: {exc}")
+            return self._on_attached(Attached(node.id, None, exc))
+        return self._on_attached(Attached(node.id, client, None))
+
+    def _on_attached(self, m: Attached) -> bool:
+        node = self.nodes.get(m.instance_id)
+        if node is None or not node.alive:  # released while its agent was being reached
+            if m.client is not None:
+                self.instance_agents.stop(m.instance_id, m.client)
+            return False
+        if m.error is not None:
+            self._emit("node.lost", node=node.id, reason=f"could not start its agent: {m.error}")
             node.lost = True
             self._release(node, "node_lost")
             return True
+        node.client = m.client
         self._node_attached(node)
         return True
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import posixpath
 import queue
 import shlex
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -175,7 +176,9 @@ class InstanceAgents:
         self.remote_root = remote_root
         self._clock = clock
         self._sleep = sleep
+        self._lock = threading.Lock()
         self._sessions: dict[str, Any] = {}
+        self._abandoned: set[str] = set()
 
     def attach(self, node: str, slots: int) -> AgentClient:
         from broker.shells.ssh import SshTarget, connect_when_up
@@ -188,23 +191,54 @@ class InstanceAgents:
                            known_hosts_path=known_hosts, trust_on_first_use=tofu)
         try:
             session = connect_when_up(target, max(1.0, deadline - self._clock()), clock=self._clock,
-                                      sleep=self._sleep)
+                                      sleep=self._sleep, cancelled=lambda: self._is_abandoned(node))
         except ConnectionError as exc:
             raise InstanceUnreachable(f"instance {node}: {exc}") from exc
-        self._sessions[node] = session
+        with self._lock:
+            self._sessions[node] = session
         try:
+            if self._is_abandoned(node):
+                raise InstanceUnreachable(f"instance {node} was released while its agent was being started")
             return start_remote_agent(session, self.run_id, node, slots, self.inbox, self.handshake_timeout_s,
                                       self.remote_root)
         except BaseException:
-            self._sessions.pop(node, None)
+            with self._lock:
+                self._sessions.pop(node, None)
             session.close()
             raise
 
+    def attach_in_background(self, node: str, slots: int,
+                             done: Callable[[AgentClient | None, BaseException | None], None]) -> None:
+        """:meth:`attach` on a thread of its own; ``done(client, None)`` or ``done(None, error)``
+        after. The daemon's loop goes on meanwhile (a boot can take minutes), and a
+        :meth:`stop` before the end abandons the attempt."""
+
+        def work() -> None:
+            try:
+                client = self.attach(node, slots)
+            except Exception as exc:  # noqa: BLE001 - handed to the loop, which reports it
+                done(None, exc)
+                return
+            if self._is_abandoned(node):  # released meanwhile: nobody may be left to take it
+                self.stop(node, client)
+                done(None, InstanceUnreachable(f"instance {node} was released while its agent was being started"))
+                return
+            done(client, None)
+
+        threading.Thread(target=work, name=f"attach-{node}", daemon=True).start()
+
     def stop(self, node: str, client: AgentClient | None) -> None:
+        with self._lock:
+            if client is None:
+                self._abandoned.add(node)  # an attach under way gives up at its next step
+            session = self._sessions.pop(node, None)
         _close_client(client, wait_s=5.0)
-        session = self._sessions.pop(node, None)
         if session is not None:
             session.close()
+
+    def _is_abandoned(self, node: str) -> bool:
+        with self._lock:
+            return node in self._abandoned
 
     def known_hosts_file(self, node: str) -> Path:
         return self.run_dir / "known_hosts.d" / node
@@ -230,6 +264,8 @@ class InstanceAgents:
     def _wait_for(self, node: str, probe: Callable[[], Any], deadline: float, what: str) -> Any:
         delay = 1.0
         while True:
+            if self._is_abandoned(node):
+                raise InstanceUnreachable(f"instance {node} was released while waiting for its {what}")
             value = probe()
             if value is not None:
                 return value
