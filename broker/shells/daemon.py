@@ -105,6 +105,32 @@ class SpendRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class SampledTask:
+    """A task ``broker plan --sample`` already ran to success (from its ``samples.json``)."""
+
+    task: str
+    node: str
+    attempt: int
+    draw: int
+    runtime_s: float
+    runtime_ref_s: float
+    exit_code: int | None = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PriorSamples:
+    """What ``broker plan --sample`` learnt: its done tasks (not run again, their runtimes
+    observed) and, when its stopping rule was met, the estimate that replaces the run's own
+    sampling phase."""
+
+    source: str
+    done: tuple[SampledTask, ...]
+    mean_ref_s: float | None = None
+    sd_ref_s: float | None = None
+    rule: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class DaemonOptions:
     run_dir: Path
     run_id: str
@@ -246,6 +272,7 @@ class Daemon:
         confirm: Callable[[SpendRequest], bool] | None = None,
         on_first_plan: Callable[[SpendRequest], None] | None = None,
         on_progress: Callable[[int, int, int, float], None] | None = None,
+        samples: PriorSamples | None = None,
     ) -> None:
         self.inv = inventory
         self.bag = bag
@@ -263,6 +290,7 @@ class Daemon:
         self.confirm = confirm
         self.on_first_plan = on_first_plan
         self.on_progress = on_progress
+        self.samples = samples
         self.types = {t.name: t for t in inventory.types}
         self.log = structlog.get_logger().bind(run_id=options.run_id)
         self.rng = np.random.default_rng(options.seed)
@@ -316,10 +344,12 @@ class Daemon:
         now = self.clock.now_s()
         ids = [t.id for t in self.bag.tasks]
         order = self.rng.permutation(len(ids))
-        self.pool.extend((ids[i], self.estimates[ids[i]]) for i in order)
         known = [e for e in self.estimates.values() if e is not None]
         self.prior_mean = statistics.fmean(known) if len(known) == len(ids) and known else None
         self.prior_sd = statistics.stdev(known) if self.prior_mean is not None and len(known) > 1 else None
+        if self.samples is not None:
+            self._adopt_samples(self.samples)
+        self.pool.extend((ids[i], self.estimates[ids[i]]) for i in order if ids[i] not in self.done)
         self._emit("run.start", run_dir=str(self.opt.run_dir), dry_run=self.opt.dry_run,
                    time_scale=self.clock.time_scale, tasks=len(ids), goal=self.goal.kind, goal_value=self.goal.value,
                    tick_s=self.config.tick_s, margin_s=self.config.margin_s)
@@ -341,6 +371,26 @@ class Daemon:
                                coalesce=True, max_instances=1, misfire_grace_time=None)
         self.scheduler.start()
         self._post(Tick())
+
+    def _adopt_samples(self, samples: PriorSamples) -> None:
+        """Count the tasks ``broker plan --sample`` ran as done, and learn from their runtimes."""
+        adopted = [t for t in sorted(samples.done, key=lambda t: t.draw) if t.task in self.tasks]
+        at_s = self.clock.epoch_s()
+        with self.journal.batch():
+            self.journal.record_sample_draws([t.task for t in adopted])
+            for t in adopted:
+                self.journal.task_finished(t.task, t.attempt, AttemptResult(exit_code=t.exit_code, runtime_s=t.runtime_s),
+                                           node=t.node, at_s=at_s)
+                self.done.add(t.task)
+                self.attempts[t.task] = t.attempt
+                self.sampled.add(t.task)
+                self.sample_keys.add((t.task, t.attempt))
+                self.obs = self.obs.add(t.runtime_ref_s, self.estimates[t.task])
+        if samples.mean_ref_s is not None:
+            self.prior_mean = samples.mean_ref_s
+            self.prior_sd = samples.sd_ref_s
+        self._emit("sample.adopted", source=samples.source, tasks_done=len(adopted), rule=samples.rule,
+                   mean_ref_s=_round(samples.mean_ref_s, 3), sd_ref_s=_round(samples.sd_ref_s, 3))
 
     def _post(self, message: Any) -> None:
         """Scheduler jobs and the loop itself talk to the loop through the inbox only."""
