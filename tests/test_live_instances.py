@@ -52,6 +52,7 @@ sweep:
 timeout: 1m
 retries: 1
 workdir: WORKDIR
+outputs: "result-{i}.txt"
 """
 
 
@@ -124,7 +125,7 @@ def run_live(sshd: TestSshd, tmp_path: Path, remote_root: Path, *, address_for=N
                 journal=journal, clock=clock, fleet=fleet, instance_agents=agents,
                 private_agents=lambda node: pytest.fail("no private node here"),
                 stop_private_agent=lambda name, client: None, inbox=inbox,
-                config=ControllerConfig(tick_s=60.0, margin_s=120.0),
+                config=ControllerConfig(tick_s=60.0, margin_s=120.0), fetch_outputs=agents.fetch,
             )
             with capture_logs() as logs:
                 report = daemon.run()
@@ -159,6 +160,13 @@ def test_a_live_run_reaches_its_instances_over_ssh_and_releases_them(sshd: TestS
         state_dir = remote_root / "runs" / "live-test" / node
         assert (state_dir / "journal").is_file() and (remote_root / "agent" / "agent.py").is_file()
     assert sorted(p.name for p in work.iterdir()) == sorted(f"result-{i}.txt" for i in range(6))
+    # Each task's declared output came back over SFTP before its instance was released.
+    fetched = named(journal_events, "task.outputs")
+    assert sorted(e["task"] for e in fetched) == [f"t00000{i}" for i in range(1, 7)]
+    for i in range(6):
+        copy = tmp_path / "run" / "outputs" / f"t00000{i + 1}" / f"result-{i}.txt"
+        assert copy.read_text() == f"task-{i}\n"
+    assert not named(journal_events, "task.outputs_failed")
 
 
 def test_an_instance_unreachable_within_the_timeout_is_released_and_the_run_goes_on(

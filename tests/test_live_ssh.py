@@ -103,3 +103,25 @@ def test_an_unknown_host_key_is_not_waited_out(sshd: TestSshd, tmp_path: Path) -
     with pytest.raises(HostKeyUnknown):
         connect_when_up(target, 60.0, clock=fake.clock, sleep=fake.sleep)
     assert fake.slept == []
+
+
+def test_fetch_brings_back_a_file_or_a_whole_directory_over_sftp(sshd: TestSshd, tmp_path: Path) -> None:
+    from broker.shells.nodes import fetch_over_ssh
+    from broker.shells.ssh import connect
+
+    work = tmp_path / "node work"  # a space: the path must survive the remote shell
+    (work / "res" / "deep").mkdir(parents=True)
+    (work / "res" / "a.csv").write_text("1,2\n")
+    (work / "res" / "deep" / "b.bin").write_bytes(bytes(range(256)) * 40)
+    target = SshTarget(host=sshd.host, port=sshd.port, user=sshd.user, key_path=str(sshd.client_key_path),
+                       known_hosts_path=str(sshd.known_hosts_path))
+    with connect(target) as session:
+        files = fetch_over_ssh(session, "n", str(tmp_path / "$SUB"), "res", tmp_path / "got", {"SUB": "node work"})
+        assert sorted(p.relative_to(tmp_path / "got").as_posix() for p in files) == ["res/a.csv", "res/deep/b.bin"]
+        assert (tmp_path / "got" / "res" / "deep" / "b.bin").read_bytes() == bytes(range(256)) * 40
+        one = fetch_over_ssh(session, "n", None, str(work / "res" / "a.csv"), tmp_path / "one", {})
+        assert [p.read_text() for p in one] == ["1,2\n"]
+        with pytest.raises(FileNotFoundError, match=r"res/missing does not exist"):
+            fetch_over_ssh(session, "n", str(work), "res/missing", tmp_path / "none", {})
+        with pytest.raises(FileNotFoundError, match="cannot enter the working directory"):
+            fetch_over_ssh(session, "n", str(tmp_path / "nowhere"), "res", tmp_path / "none", {})

@@ -169,6 +169,11 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
         def private_agent(node):
             return local.attach(node.name, node.slots) if node.local else remote.attach(node)
 
+        def fetch_outputs(node_id, *request):
+            private = next((p for p in inventory.private if p.name == node_id), None)
+            agents = instances if private is None else (local if private.local else remote)
+            return agents.fetch(node_id, *request)
+
         def stop_private(name, client):
             node = next(p for p in inventory.private if p.name == name)
             (local.stop(name, client) if node.local else remote.stop(name, client))
@@ -181,7 +186,7 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
             private_agents=private_agent, stop_private_agent=stop_private, inbox=inbox,
             config=ControllerConfig(tick_s=tick_s, margin_s=margin_s),
             confirm=printer.confirm, on_first_plan=printer.show_plan, on_progress=printer.progress,
-            samples=args.prior_samples,
+            samples=args.prior_samples, fetch_outputs=fetch_outputs,
         )
         previous = {sig: signal.signal(sig, lambda *_: daemon.request_stop("user_stop"))
                     for sig in (signal.SIGINT, signal.SIGTERM)}

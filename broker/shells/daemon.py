@@ -273,6 +273,7 @@ class Daemon:
         on_first_plan: Callable[[SpendRequest], None] | None = None,
         on_progress: Callable[[int, int, int, float], None] | None = None,
         samples: PriorSamples | None = None,
+        fetch_outputs: Callable[..., list[Path]] | None = None,
     ) -> None:
         self.inv = inventory
         self.bag = bag
@@ -291,6 +292,8 @@ class Daemon:
         self.on_first_plan = on_first_plan
         self.on_progress = on_progress
         self.samples = samples
+        self.fetch_outputs = fetch_outputs  # (node, workdir, path, dest, env) -> files written
+        self._to_fetch: list[tuple[str, str]] = []  # (node, task) whose outputs to fetch this turn
         self.types = {t.name: t for t in inventory.types}
         self.log = structlog.get_logger().bind(run_id=options.run_id)
         self.rng = np.random.default_rng(options.seed)
@@ -472,6 +475,8 @@ class Daemon:
             client = self.nodes[node_id].client if node_id in self.nodes else None
             if client is not None:
                 client.ack(keys)
+        if self._to_fetch:  # before any release this turn, so an instance goes with its outputs fetched
+            self._fetch_all_outputs()
         for message in control:
             if isinstance(message, Tick):
                 tick = True
@@ -858,6 +863,8 @@ class Daemon:
             return True  # a replica that lost the race
         self.done.add(r.task)
         self.last_done_s = now
+        if self.bag.outputs is not None and self.fetch_outputs is not None:
+            self._to_fetch.append((node.id, r.task))
         runtime_ref_s = r.runtime_s * self.clock.time_scale * node.speed
         self.obs = self.obs.add(runtime_ref_s, self.estimates[r.task])
         self._emit("task.done", task=r.task, attempt=r.attempt, node=node.id, runtime_s=round(r.runtime_s, 4),
@@ -903,6 +910,25 @@ class Daemon:
             node.release_cause = "node_lost"
             self._post(ReleaseDue(node.id, node.release_version))
         return True
+
+    def _fetch_all_outputs(self) -> None:
+        """Fetch each finished task's ``outputs`` into ``run_dir/outputs/<task>/``; a failure is
+        reported (``task.outputs_failed``), the task stays done."""
+        from urllib.parse import quote
+
+        from broker.config.bag import output_path
+
+        fetches, self._to_fetch = self._to_fetch, []
+        for node_id, task_id in fetches:
+            path = output_path(self.bag, self.tasks[task_id])
+            dest = Path(self.opt.run_dir) / "outputs" / quote(task_id, safe="")
+            try:
+                files = self.fetch_outputs(node_id, self.bag.workdir, path, dest, dict(self.bag.env))
+            except Exception as exc:  # noqa: BLE001 - a missing output is reported, never fatal
+                self._emit("task.outputs_failed", task=task_id, node=node_id, path=path, error=str(exc))
+                continue
+            self._emit("task.outputs", task=task_id, node=node_id, path=path, dest=str(dest), files=len(files),
+                       bytes=sum(f.stat().st_size for f in files))
 
     # -- events ------------------------------------------------------------------------------
     def _emit(self, name: str, **fields: Any) -> None:

@@ -16,13 +16,15 @@
 
 from __future__ import annotations
 
+import os
 import posixpath
 import queue
 import shlex
+import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import structlog
 
@@ -63,6 +65,10 @@ class LocalAgents:
         _close_client(client, wait_s=2.0)
         stop_local_agent(agent_dir(self.run_dir, node))
 
+    def fetch(self, node: str, workdir: str | None, path: str, dest: Path, env: Mapping[str, str]) -> list[Path]:
+        """Copy a task's output (file or directory) from this machine into ``dest``."""
+        return fetch_local(workdir, path, dest, env)
+
 
 class SshAgents:
     """Agents on private nodes reached over SSH (one connection per node, kept open)."""
@@ -85,6 +91,60 @@ class SshAgents:
         session = self._sessions.pop(node, None)
         if session is not None:
             session.close()
+
+    def fetch(self, node: str, workdir: str | None, path: str, dest: Path, env: Mapping[str, str]) -> list[Path]:
+        """Fetch a task's output (file or directory) from the node over SFTP into ``dest``."""
+        return fetch_over_ssh(self._sessions.get(node), node, workdir, path, dest, env)
+
+
+def fetch_local(workdir: str | None, path: str, dest: Path, env: Mapping[str, str]) -> list[Path]:
+    """Copy ``path`` (relative to ``workdir``, both expanded as the agent does) into ``dest``."""
+    from workers.agent import expand_path
+
+    full_env = {**os.environ, **env}
+    base = os.environ.get("HOME") or "/"
+    if workdir:
+        base, unset = expand_path(workdir, full_env)
+        if unset:
+            raise FileNotFoundError(f"workdir {workdir} names {', '.join('$' + n for n in unset)}, which is not set")
+    source = Path(base, expand_path(path, full_env)[0])
+    if not source.exists():
+        raise FileNotFoundError(f"{source} does not exist")
+    target = Path(dest) / (source.name or "output")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if source.is_dir():
+        shutil.copytree(source, target, dirs_exist_ok=True)
+        return sorted(p for p in target.rglob("*") if p.is_file())
+    shutil.copy2(source, target)
+    return [target]
+
+
+def fetch_over_ssh(session: Any, node: str, workdir: str | None, path: str, dest: Path,
+                   env: Mapping[str, str]) -> list[Path]:
+    """Fetch ``path`` (relative to ``workdir``, which the node's shell expands with the
+    bag's ``env``, as the agent does) from ``node`` over SFTP into ``dest``."""
+    if session is None or not session.alive:
+        raise ConnectionError(f"no SSH connection to {node} to fetch outputs over")
+    if not (path.startswith("/") or path == "~" or path.startswith("~/")):
+        exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
+        where = f"cd {_shell_word(workdir)} && " if workdir else ""
+        resolved = session.run(f"{exports}{where}pwd -P", timeout_s=30.0)
+        if resolved.exit_code != 0 or not resolved.stdout.strip():
+            raise FileNotFoundError(f"cannot enter the working directory {workdir} on {node}: "
+                                    f"{resolved.stderr.strip() or f'exit code {resolved.exit_code}'}")
+        path = posixpath.join(resolved.stdout.strip().splitlines()[-1], path)
+    return session.fetch(path, dest)
+
+
+def _shell_word(path: str) -> str:
+    """``path`` as one shell word in which ``~`` (leading) and ``$VAR`` expand, nothing else."""
+    head = ""
+    if path == "~":
+        return "~"
+    if path.startswith("~/"):
+        head, path = "~/", path[2:]
+    escaped = path.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
+    return f'{head}"{escaped}"'
 
 
 def remote_path(root: str, rest: str) -> str:
@@ -226,6 +286,12 @@ class InstanceAgents:
             done(client, None)
 
         threading.Thread(target=work, name=f"attach-{node}", daemon=True).start()
+
+    def fetch(self, node: str, workdir: str | None, path: str, dest: Path, env: Mapping[str, str]) -> list[Path]:
+        """Fetch a task's output (file or directory) from the instance over SFTP into ``dest``."""
+        with self._lock:
+            session = self._sessions.get(node)
+        return fetch_over_ssh(session, node, workdir, path, dest, env)
 
     def stop(self, node: str, client: AgentClient | None) -> None:
         with self._lock:

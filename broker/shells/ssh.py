@@ -422,6 +422,40 @@ class SshSession:
         with self._sftp_lock:
             return self._sftp_client().normalize(_sftp_path(remote_dir))
 
+    def fetch(self, remote_path: str, local_dir: str | os.PathLike[str]) -> list[Path]:
+        """Download a file, or a directory with everything under it, into ``local_dir``
+        (keeping its name); returns the files written. ``remote_path`` may start with ``~/``.
+
+        Raises :class:`FileNotFoundError` when there is nothing at ``remote_path``.
+        """
+        path = _sftp_path(remote_path)
+        target = Path(local_dir) / posixpath.basename(path.rstrip("/") or ".")
+        written: list[Path] = []
+        with self._sftp_lock:
+            sftp = self._sftp_client()
+            try:
+                attrs = sftp.stat(path)
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{self.target.address}:{remote_path} does not exist") from None
+            try:
+                self._fetch_into(sftp, path, attrs, target, written)
+            except OSError as exc:
+                raise SshError(f"cannot fetch {self.target.address}:{remote_path}: {exc}") from exc
+        return written
+
+    @classmethod
+    def _fetch_into(cls, sftp: paramiko.SFTPClient, path: str, attrs: paramiko.SFTPAttributes, target: Path,
+                    written: list[Path]) -> None:
+        if stat.S_ISDIR(attrs.st_mode or 0):
+            target.mkdir(parents=True, exist_ok=True)
+            for entry in sftp.listdir_attr(path):
+                cls._fetch_into(sftp, posixpath.join(path, entry.filename), entry, target / entry.filename, written)
+        elif stat.S_ISREG(attrs.st_mode or 0):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            sftp.get(path, os.fspath(target))
+            written.append(target)
+        # anything else (a socket, a dangling link listed in a directory) is skipped
+
     def open_stream(self, command: str) -> SshTransport:
         """Start ``command`` on a new channel and return its stdin/stdout as a Transport.
 
