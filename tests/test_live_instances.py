@@ -102,7 +102,7 @@ def run_live(sshd: TestSshd, tmp_path: Path, remote_root: Path, *, address_for=N
     with mock_ec2(inventory.aws, run_id) as (client, settings):
         fleet = Ec2Fleet(client, settings, run_id)
         ssh = replace(settings, user=sshd.user, key=str(sshd.client_key_path), ssh_port=sshd.port,
-                      ssh_timeout_s=ssh_timeout_s)
+                      ssh_timeout_s=ssh_timeout_s, agent_dir=str(remote_root))
 
         def address_of(instance_id: str) -> str:
             reported = fleet.address_of(instance_id, "private")  # what a live run would use ...
@@ -112,8 +112,7 @@ def run_live(sshd: TestSshd, tmp_path: Path, remote_root: Path, *, address_for=N
         def console_of(instance_id: str) -> str:
             return (console or console_with)(sshd.host_public_key)
 
-        agents = InstanceAgents(run_id, run_dir, inbox, ssh, address_of=address_of, console_of=console_of,
-                                remote_root=str(remote_root))
+        agents = InstanceAgents(run_id, run_dir, inbox, ssh, address_of=address_of, console_of=console_of)
         clock = RunClock(60.0)
         with Journal.open(run_dir, clock=clock.epoch_s) as journal:
             journal.create_run(run_id, goal_kind="deadline", goal_value=600.0, deadline_s=600.0,
@@ -198,9 +197,9 @@ def test_an_instance_unreachable_within_the_timeout_is_released_and_the_run_goes
 def agents_for(sshd: TestSshd, tmp_path: Path, remote_root: Path, **settings) -> InstanceAgents:
     aws = parse_inventory(INVENTORY).aws
     aws = replace(aws, **{"user": sshd.user, "key": str(sshd.client_key_path), "ssh_port": sshd.port,
-                          "ssh_timeout_s": 3.0, **settings})
+                          "ssh_timeout_s": 3.0, "agent_dir": str(remote_root), **settings})
     return InstanceAgents("unit", tmp_path / "run", queue.Queue(), aws, address_of=lambda i: "127.0.0.1",
-                          console_of=lambda i: console_with(sshd.host_public_key), remote_root=str(remote_root))
+                          console_of=lambda i: console_with(sshd.host_public_key))
 
 
 def test_a_host_key_other_than_the_console_shows_is_refused_at_once(sshd: TestSshd, tmp_path: Path,

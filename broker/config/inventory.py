@@ -19,6 +19,7 @@ Schema (every key but the marked ones optional)::
       known_hosts: ~/.ssh/known_hosts   # the file checked under known-hosts
       ssh_port: 22
       ssh_timeout: 5m             # boot done -> agent attached, else the instance is released
+      agent_dir: ~/.broker        # on the instances: agent/ (shipped), runs/<run>/<id>/ (state)
       types:
         - name: c5.xlarge         # required, unique
           slots: 4                # required, integer >= 1
@@ -49,7 +50,9 @@ from .yamlsource import Node, load_yaml
 
 _LIVE_AWS_FIELDS = ("region", "ami", "key_name", "security_group")
 _OPTIONAL_AWS_FIELDS = ("subnet", "instance_profile")
-_SSH_AWS_FIELDS = ("user", "key", "address", "host_key_policy", "known_hosts", "ssh_port", "ssh_timeout")
+_SSH_AWS_FIELDS = (
+    "user", "key", "address", "host_key_policy", "known_hosts", "ssh_port", "ssh_timeout", "agent_dir",
+)
 _ADDRESSES = ("public", "private")
 _HOST_KEY_POLICIES = ("console", "known-hosts", "accept-new")
 _BILLING_NAMES = {"hourly": Billing.hourly, "per-second": Billing.per_second}
@@ -236,6 +239,9 @@ def _aws_ssh(check: Checker, fields: dict[str, Node], live: bool) -> dict[str, o
         text = check.string(fields["known_hosts"], "aws.known_hosts", what="a path to a known_hosts file")
         if text is not None:
             out["known_hosts"] = os.path.expanduser(text)
+    if "agent_dir" in fields:
+        out["agent_dir"] = check.string(fields["agent_dir"], "aws.agent_dir", what="a directory on the instances") \
+            or "~/.broker"
     if "ssh_port" in fields:
         out["ssh_port"] = check.integer(fields["ssh_port"], "aws.ssh_port", minimum=1, maximum=65535) or 22
     if "ssh_timeout" in fields:

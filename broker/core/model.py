@@ -83,6 +83,7 @@ class AwsSettings:
     known_hosts: str | None = None  # for known-hosts (default ~/.ssh/known_hosts)
     ssh_port: int = 22
     ssh_timeout_s: float = 300.0  # boot done -> agent attached, else the instance is released
+    agent_dir: str = "~/.broker"  # on the instances: the agent in agent/, its state in runs/
 
 
 @dataclass(frozen=True, slots=True)

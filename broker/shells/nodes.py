@@ -218,7 +218,6 @@ class InstanceAgents:
         address_of: Callable[[str], str | None],
         console_of: Callable[[str], str | None] | None = None,
         handshake_timeout_s: float = 30.0,
-        remote_root: str = REMOTE_AGENT_ROOT,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -233,7 +232,7 @@ class InstanceAgents:
         self.address_of = address_of
         self.console_of = console_of
         self.handshake_timeout_s = handshake_timeout_s
-        self.remote_root = remote_root
+        self.remote_root = settings.agent_dir.rstrip("/") or "/"
         self._clock = clock
         self._sleep = sleep
         self._lock = threading.Lock()
