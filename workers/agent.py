@@ -27,7 +27,8 @@ Tasks. Each runs as ``/bin/sh -c COMMAND`` in its own process group, stdin from 
 stdout and stderr straight into its two files (the agent is not in the data path, and a
 task never gets SIGPIPE because the agent died). Environment: the agent's, then the Run's
 ``env``, then ``BROKER_TASK``, ``BROKER_ATTEMPT`` and ``BROKER_AGENT_DIR``. Working
-directory: the Run's ``cwd``, else ``$HOME`` (as an SSH command would). A task ends when its
+directory: the Run's ``cwd`` (a leading ``~`` and ``$VAR``/``${VAR}`` expanded from that
+environment; an unset variable fails the task), else ``$HOME`` (as an SSH command would). A task ends when its
 shell exits; anything it left in its process group is killed then. On timeout or cancel the
 group gets SIGTERM, and SIGKILL ``grace_s`` later if the shell still runs. The runtime is
 measured here, with the monotonic clock. Progress: a line ``BROKER_PROGRESS <fraction>`` on
@@ -55,6 +56,7 @@ import fcntl
 import heapq
 import itertools
 import os
+import re
 import select
 import selectors
 import signal
@@ -99,6 +101,29 @@ def log(message: str) -> None:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     sys.stderr.write(f"{stamp} agent[{os.getpid()}] {message}\n")
     sys.stderr.flush()
+
+
+_VARIABLE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\})")
+
+
+def expand_path(path: str, env: Dict[str, str]) -> Tuple[str, List[str]]:
+    """``path`` with a leading ``~`` or ``~user`` and ``$VAR`` / ``${VAR}`` expanded from the
+    task's environment ``env`` (as the node's shell would), and the names left unset."""
+    if path == "~" or path.startswith("~/"):
+        path = (env.get("HOME") or os.path.expanduser("~")) + path[1:]
+    elif path.startswith("~"):
+        path = os.path.expanduser(path)
+    unset: List[str] = []
+
+    def value(match: "re.Match[str]") -> str:
+        name = match.group(1) or match.group(2)
+        if name in env:
+            return env[name]
+        if name not in unset:
+            unset.append(name)
+        return match.group(0)
+
+    return _VARIABLE.sub(value, path), unset
 
 
 def output_stem(task: str, attempt: int) -> str:
@@ -676,11 +701,19 @@ class Agent:
         env = dict(self._base_env)
         env.update(run.env)
         env.update(BROKER_TASK=run.task, BROKER_ATTEMPT=str(run.attempt), BROKER_AGENT_DIR=self.state_dir)
-        cwd = run.cwd or self._home
+        cwd = self._home
+        if run.cwd:
+            cwd, unset = expand_path(run.cwd, env)
+            if unset:
+                why = (f"cannot enter the working directory {run.cwd}: "
+                       f"{', '.join('$' + name for name in unset)} not set on node {self.node}")
+                self._record(wire.Result(run.task, run.attempt, None, 0.0, error=why))
+                return
         try:
             os.chdir(cwd)  # posix_spawn has no chdir, so the agent (one thread) moves; its own paths are absolute
         except OSError as exc:
-            why = f"cannot enter the working directory {cwd}: {exc.strerror}"
+            shown = cwd if cwd == run.cwd else f"{run.cwd} ({cwd})"
+            why = f"cannot enter the working directory {shown}: {exc.strerror}"
             self._record(wire.Result(run.task, run.attempt, None, 0.0, error=why))
             return
         fds: List[int] = []

@@ -56,6 +56,9 @@ def register(subparsers) -> None:
     p.add_argument("--margin", default="2m", metavar="DUR",
                    help="release this long before a billing boundary, in run time (default 2m)")
     p.add_argument("--json-report", action="store_true", help="print the final report as one JSON object")
+    p.add_argument("--samples", metavar="FILE",
+                   help="samples.json written by `broker plan --sample` for this bag: its done tasks are not "
+                   "run again and its estimate replaces the run's own sampling phase")
     p.set_defaults(func=run)
 
 
@@ -92,9 +95,10 @@ def run(args: argparse.Namespace) -> int:
                          "nobody can answer the launch question; pass --yes to launch without asking")
     inventory = load_inventory(args.inventory, live=not args.dry_run)
     bag = load_bag(args.bag)
-    if not args.dry_run and inventory.types:
-        raise UsageError("a live run on EC2 instances needs their SSH bootstrap, which is not built yet: "
-                         "use --dry-run, or an inventory without aws types")
+    args.prior_samples = load_samples(args.samples, bag, args.bag) if args.samples else None
+    if not args.dry_run and inventory.types and not inventory.aws.key:
+        raise UsageError(f"{args.inventory}: a live run logs in to its EC2 instances over SSH: give aws.key, "
+                         "the private key file of the key pair aws.key_name (or use --dry-run)")
 
     run_dir = Path(args.run_dir) if args.run_dir else None
     from broker.shells.journal import JOURNAL_FILE, Journal
@@ -160,9 +164,15 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
         inbox: queue.Queue = queue.Queue()
         local = LocalAgents(run_dir, inbox)
         remote = SshAgents(run_id, inbox)
+        instances = local if args.dry_run else _instance_agents(run_id, run_dir, inbox, inventory.aws, fleet)
 
         def private_agent(node):
             return local.attach(node.name, node.slots) if node.local else remote.attach(node)
+
+        def fetch_outputs(node_id, *request):
+            private = next((p for p in inventory.private if p.name == node_id), None)
+            agents = instances if private is None else (local if private.local else remote)
+            return agents.fetch(node_id, *request)
 
         def stop_private(name, client):
             node = next(p for p in inventory.private if p.name == name)
@@ -172,10 +182,11 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
         daemon = Daemon(
             inventory, bag, goal,
             DaemonOptions(run_dir=run_dir, run_id=run_id, dry_run=args.dry_run, tick_s=tick_s),
-            journal=journal, clock=clock, fleet=fleet, instance_agents=local,
+            journal=journal, clock=clock, fleet=fleet, instance_agents=instances,
             private_agents=private_agent, stop_private_agent=stop_private, inbox=inbox,
             config=ControllerConfig(tick_s=tick_s, margin_s=margin_s),
             confirm=printer.confirm, on_first_plan=printer.show_plan, on_progress=printer.progress,
+            samples=args.prior_samples, fetch_outputs=fetch_outputs,
         )
         previous = {sig: signal.signal(sig, lambda *_: daemon.request_stop("user_stop"))
                     for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -194,6 +205,69 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
     if report.stop_reason == "declined":
         return 1
     return 0 if report.tasks_done == report.tasks_total else 1
+
+
+def load_samples(path: str, bag, bag_path: str):
+    """The ``samples.json`` of ``broker plan --sample``, checked against ``bag``.
+
+    Every task it names must be in the bag (else it was sampled from another bag); its done
+    draws become :class:`~broker.shells.daemon.SampledTask`; the estimate, when the rule was
+    met, the run's prior (sd: the spread of the draws the rule used, capped at the timeout).
+    """
+    import statistics
+
+    from broker.shells.daemon import PriorSamples, SampledTask
+
+    def bad(why: str) -> UsageError:
+        return UsageError(f"--samples {path}: {why}")
+
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise bad("file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise bad(f"cannot read it: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise bad(f"not JSON (line {exc.lineno}: {exc.msg}); give the samples.json `broker plan --sample` "
+                  "wrote") from None
+    tasks = document.get("tasks") if isinstance(document, dict) else None
+    if not isinstance(tasks, dict):
+        raise bad("no 'tasks' object: is this the samples.json `broker plan --sample` wrote?")
+    ids = {t.id for t in bag.tasks}
+    unknown = sorted(set(tasks) - ids)
+    if unknown:
+        shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise bad(f"{len(unknown)} task{'s' if len(unknown) != 1 else ''} not in the bag {bag_path} ({shown}): "
+                  "were the samples taken from another bag?")
+    done, used = [], []
+    for task_id, t in tasks.items():
+        try:
+            if not t.get("done"):
+                continue
+            sample = SampledTask(task=task_id, node=str(t["node"]), attempt=int(t["attempt"]), draw=int(t["draw"]),
+                                 runtime_s=float(t["runtime_s"]), runtime_ref_s=float(t["runtime_ref_s"]),
+                                 exit_code=t.get("exit_code"))
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise bad(f"task {task_id}: missing or malformed field ({type(exc).__name__}: {exc})") from None
+        done.append(sample)
+        if t.get("used"):
+            used.append(min(sample.runtime_ref_s, bag.timeout_s))
+    estimate = document.get("estimate")
+    mean = sd = rule = None
+    if isinstance(estimate, dict) and isinstance(estimate.get("mean_ref_s"), (int, float)):
+        mean, rule = float(estimate["mean_ref_s"]), estimate.get("rule")
+        sd = statistics.stdev(used) if len(used) > 1 else None
+    return PriorSamples(source=str(path), done=tuple(done), mean_ref_s=mean, sd_ref_s=sd, rule=rule)
+
+
+def _instance_agents(run_id, run_dir, inbox, aws, fleet):
+    """A live run's instances: reached over SSH at the address EC2 reports (aws.address)."""
+    from broker.shells.nodes import InstanceAgents
+
+    if not aws.key:  # an inventory without types never launches: nothing to reach
+        return None
+    return InstanceAgents(run_id, run_dir, inbox, aws, address_of=lambda i: fleet.address_of(i, aws.address),
+                          console_of=fleet.console_output)
 
 
 class _Printer:

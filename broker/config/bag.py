@@ -15,7 +15,9 @@ Schema (``timeout`` and exactly one task source are required)::
     setup: "pip install ..."     # run once per node before its first task
     workdir: ~/work              # on the node (so ``~`` is left for the node to expand)
     env: {OMP_NUM_THREADS: "1"}  # string values
-    outputs: results/
+    outputs: "out/{task}.csv"    # a file or directory each task leaves, fetched after it succeeds
+                                 #   into RUN_DIR/outputs/<task>/; relative to workdir; may use
+                                 #   {task} and the sweep's parameters
 
 File paths are relative to the bag file. Task ids come from the CSV ``id`` column when there
 is one, else from the position: ``t000001``, ``t000002``, ... Sweep tasks are numbered in
@@ -83,6 +85,8 @@ def parse_bag(text: str, source: str = "<bag>", base_dir: str | os.PathLike[str]
     env = check.string_map(fields.get("env"), "env", what="environment variable name", identifier_keys=True)
     name = check.string(fields["name"], "name") if "name" in fields else _default_name(source)
 
+    if optional_strings["outputs"] is not None:
+        _check_outputs(check, fields["outputs"], optional_strings["outputs"], tasks)
     problems = [p for c in (check, *data_checks) for p in _in_line_order(c.problems)]
     if problems:
         raise ConfigError(problems)
@@ -95,6 +99,31 @@ def parse_bag(text: str, source: str = "<bag>", base_dir: str | os.PathLike[str]
         source=source,
         **optional_strings,
     )
+
+
+def _check_outputs(check: Checker, node: Node, outputs: str, tasks: list[Task]) -> None:
+    """``outputs`` may name ``{task}`` and the sweep's parameters, nothing else; no ``$VAR``."""
+    allowed = {"task", *(tasks[0].params if tasks else ())}
+    try:
+        names = _placeholders(outputs)
+    except ValueError as exc:
+        check.problem("outputs", f"bad template: {exc}", node.where)
+        return
+    for name in names:
+        if name not in allowed:
+            check.problem("outputs", f"placeholder {{{name}}} is neither {{task}} nor a sweep parameter"
+                          + suggestion(name, allowed), node.where)
+    if "$" in outputs:
+        check.problem("outputs", "environment variables are not expanded in outputs (they are in workdir): "
+                      "use a path relative to workdir, an absolute one, or ~/", node.where)
+
+
+def output_path(bag: Bag, task: Task) -> str | None:
+    """Where ``task``'s outputs are on its node: ``bag.outputs`` filled with ``{task}`` and its
+    parameters; relative paths are relative to the task's working directory."""
+    if bag.outputs is None:
+        return None
+    return bag.outputs.format(task=task.id, **task.params)
 
 
 def _default_name(source: str) -> str:

@@ -12,6 +12,14 @@ Schema (every key but the marked ones optional)::
       region, ami, key_name, security_group, subnet, instance_profile: strings
       tags: {key: value}          # extra tags on every instance, string values
       billing: hourly | per-second | {unit: 1h, minimum: 60s}     # default hourly
+      user: ec2-user              # SSH login on the instances (the AMI's default user)
+      key: ~/.ssh/broker.pem      # private key of key_name (`broker run` needs it to rent)
+      address: public             # public | private: the IP used to reach an instance
+      host_key_policy: console    # console | known-hosts | accept-new (see broker/shells/nodes.py)
+      known_hosts: ~/.ssh/known_hosts   # the file checked under known-hosts
+      ssh_port: 22
+      ssh_timeout: 5m             # boot done -> agent attached, else the instance is released
+      agent_dir: ~/.broker        # on the instances: agent/ (shipped), runs/<run>/<id>/ (state)
       types:
         - name: c5.xlarge         # required, unique
           slots: 4                # required, integer >= 1
@@ -42,6 +50,11 @@ from .yamlsource import Node, load_yaml
 
 _LIVE_AWS_FIELDS = ("region", "ami", "key_name", "security_group")
 _OPTIONAL_AWS_FIELDS = ("subnet", "instance_profile")
+_SSH_AWS_FIELDS = (
+    "user", "key", "address", "host_key_policy", "known_hosts", "ssh_port", "ssh_timeout", "agent_dir",
+)
+_ADDRESSES = ("public", "private")
+_HOST_KEY_POLICIES = ("console", "known-hosts", "accept-new")
 _BILLING_NAMES = {"hourly": Billing.hourly, "per-second": Billing.per_second}
 
 
@@ -186,10 +199,11 @@ def _aws_section(check: Checker, node: Node | None, live: bool) -> tuple[AwsSett
     fields = check.mapping(
         node,
         "aws",
-        optional=(*_LIVE_AWS_FIELDS, *_OPTIONAL_AWS_FIELDS, "tags", "billing", "types"),
+        optional=(*_LIVE_AWS_FIELDS, *_OPTIONAL_AWS_FIELDS, "tags", "billing", "types", *_SSH_AWS_FIELDS),
     )
     if fields is None:
         return AwsSettings(), []
+    ssh = _aws_ssh(check, fields, live)
     strings = {
         key: check.string(fields[key], join("aws", key))
         for key in (*_LIVE_AWS_FIELDS, *_OPTIONAL_AWS_FIELDS)
@@ -203,7 +217,36 @@ def _aws_section(check: Checker, node: Node | None, live: bool) -> tuple[AwsSett
         for key in _LIVE_AWS_FIELDS:
             if key not in fields:
                 check.problem(join("aws", key), f"a live run that rents EC2 instances needs aws.{key}", where)
-    return AwsSettings(tags=tags, **strings), types
+    return AwsSettings(tags=tags, **strings, **ssh), types
+
+
+def _aws_ssh(check: Checker, fields: dict[str, Node], live: bool) -> dict[str, object]:
+    """How instances are reached over SSH: login, key file, address, host-key policy, timeout."""
+    out: dict[str, object] = {}
+    if "user" in fields:
+        out["user"] = check.string(fields["user"], "aws.user") or "ec2-user"
+    if "key" in fields:
+        out["key"] = _key_path(check, fields["key"], "aws.key", live)
+    for key, choices in (("address", _ADDRESSES), ("host_key_policy", _HOST_KEY_POLICIES)):
+        if key in fields:
+            value = check.string(fields[key], join("aws", key))
+            if value is not None and value not in choices:
+                check.problem(join("aws", key), f"unknown value {value!r}" + suggestion(value, choices),
+                              fields[key].where)
+            elif value is not None:
+                out[key] = value
+    if "known_hosts" in fields:
+        text = check.string(fields["known_hosts"], "aws.known_hosts", what="a path to a known_hosts file")
+        if text is not None:
+            out["known_hosts"] = os.path.expanduser(text)
+    if "agent_dir" in fields:
+        out["agent_dir"] = check.string(fields["agent_dir"], "aws.agent_dir", what="a directory on the instances") \
+            or "~/.broker"
+    if "ssh_port" in fields:
+        out["ssh_port"] = check.integer(fields["ssh_port"], "aws.ssh_port", minimum=1, maximum=65535) or 22
+    if "ssh_timeout" in fields:
+        out["ssh_timeout_s"] = check.duration(fields["ssh_timeout"], "aws.ssh_timeout", positive=True) or 300.0
+    return out
 
 
 def _tags(check: Checker, node: Node | None) -> dict[str, str]:

@@ -82,6 +82,15 @@ class BootDone:
 
 
 @dataclass(frozen=True, slots=True)
+class Attached:
+    """An instance agent attached in the background (``client``), or could not be (``error``)."""
+
+    instance_id: str
+    client: Any
+    error: BaseException | None
+
+
+@dataclass(frozen=True, slots=True)
 class ReleaseDue:
     instance_id: str
     version: int
@@ -95,6 +104,32 @@ class SpendRequest:
     estimated_usd: float
     memory: Memory
     remaining: Any  # RemainingWork | None
+
+
+@dataclass(frozen=True, slots=True)
+class SampledTask:
+    """A task ``broker plan --sample`` already ran to success (from its ``samples.json``)."""
+
+    task: str
+    node: str
+    attempt: int
+    draw: int
+    runtime_s: float
+    runtime_ref_s: float
+    exit_code: int | None = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PriorSamples:
+    """What ``broker plan --sample`` learnt: its done tasks (not run again, their runtimes
+    observed) and, when its stopping rule was met, the estimate that replaces the run's own
+    sampling phase."""
+
+    source: str
+    done: tuple[SampledTask, ...]
+    mean_ref_s: float | None = None
+    sd_ref_s: float | None = None
+    rule: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +287,8 @@ class Daemon:
         confirm: Callable[[SpendRequest], bool] | None = None,
         on_first_plan: Callable[[SpendRequest], None] | None = None,
         on_progress: Callable[[int, int, int, float], None] | None = None,
+        samples: PriorSamples | None = None,
+        fetch_outputs: Callable[..., list[Path]] | None = None,
     ) -> None:
         self.inv = inventory
         self.bag = bag
@@ -269,6 +306,9 @@ class Daemon:
         self.confirm = confirm
         self.on_first_plan = on_first_plan
         self.on_progress = on_progress
+        self.samples = samples
+        self.fetch_outputs = fetch_outputs  # (node, workdir, path, dest, env) -> files written
+        self._to_fetch: list[tuple[str, str]] = []  # (node, task) whose outputs to fetch this turn
         self.types = {t.name: t for t in inventory.types}
         self.log = structlog.get_logger().bind(run_id=options.run_id)
         register_secrets_in(bag.env)  # a task printing its token must not put it in a log
@@ -356,10 +396,12 @@ class Daemon:
         now = self.clock.now_s()
         ids = [t.id for t in self.bag.tasks]
         order = self.rng.permutation(len(ids))
-        self.pool.extend((ids[i], self.estimates[ids[i]]) for i in order)
         known = [e for e in self.estimates.values() if e is not None]
         self.prior_mean = statistics.fmean(known) if len(known) == len(ids) and known else None
         self.prior_sd = statistics.stdev(known) if self.prior_mean is not None and len(known) > 1 else None
+        if self.samples is not None:
+            self._adopt_samples(self.samples)
+        self.pool.extend((ids[i], self.estimates[ids[i]]) for i in order if ids[i] not in self.done)
         self._emit("run.start", run_dir=str(self.opt.run_dir), dry_run=self.opt.dry_run,
                    time_scale=self.clock.time_scale, tasks=len(ids), goal=self.goal.kind, goal_value=self.goal.value,
                    tick_s=self.config.tick_s, margin_s=self.config.margin_s)
@@ -381,6 +423,26 @@ class Daemon:
                                coalesce=True, max_instances=1, misfire_grace_time=None)
         self.scheduler.start()
         self._post(Tick())
+
+    def _adopt_samples(self, samples: PriorSamples) -> None:
+        """Count the tasks ``broker plan --sample`` ran as done, and learn from their runtimes."""
+        adopted = [t for t in sorted(samples.done, key=lambda t: t.draw) if t.task in self.tasks]
+        at_s = self.clock.epoch_s()
+        with self.journal.batch():
+            self.journal.record_sample_draws([t.task for t in adopted])
+            for t in adopted:
+                self.journal.task_finished(t.task, t.attempt, AttemptResult(exit_code=t.exit_code, runtime_s=t.runtime_s),
+                                           node=t.node, at_s=at_s)
+                self.done.add(t.task)
+                self.attempts[t.task] = t.attempt
+                self.sampled.add(t.task)
+                self.sample_keys.add((t.task, t.attempt))
+                self.obs = self.obs.add(t.runtime_ref_s, self.estimates[t.task])
+        if samples.mean_ref_s is not None:
+            self.prior_mean = samples.mean_ref_s
+            self.prior_sd = samples.sd_ref_s
+        self._emit("sample.adopted", source=samples.source, tasks_done=len(adopted), rule=samples.rule,
+                   mean_ref_s=_round(samples.mean_ref_s, 3), sd_ref_s=_round(samples.sd_ref_s, 3))
 
     def _post(self, message: Any) -> None:
         """Scheduler jobs and the loop itself talk to the loop through the inbox only."""
@@ -462,11 +524,15 @@ class Daemon:
             client = self.nodes[node_id].client if node_id in self.nodes else None
             if client is not None:
                 client.ack(keys)
+        if self._to_fetch:  # before any release this turn, so an instance goes with its outputs fetched
+            self._fetch_all_outputs()
         for message in control:
             if isinstance(message, Tick):
                 tick = True
             elif isinstance(message, BootDone):
                 changed |= self._on_boot(message.instance_id)
+            elif isinstance(message, Attached):
+                changed |= self._on_attached(message)
             elif isinstance(message, ReleaseDue):
                 node = self.nodes.get(message.instance_id)
                 if node is not None and node.terminated_at_s is None and node.release_version == message.version:
@@ -656,9 +722,8 @@ class Daemon:
         """Terminate an instance now: its attempts are cancelled and re-queued first."""
         now = self.clock.now_s()
         self._cancel_running(node)
-        if node.client is not None or node.ready_at_s is not None:
-            self.instance_agents.stop(node.id, node.client)
-            node.client = None
+        self.instance_agents.stop(node.id, node.client)  # also abandons an attach under way
+        node.client = None
         self._unschedule(f"boot-{node.id}")
         self._unschedule(f"release-{node.id}")
         intent = self.journal.intend("terminate", {"instance_id": node.id}, cause, at_s=self.clock.epoch_s())
@@ -686,13 +751,28 @@ class Daemon:
         if node is None or node.terminated_at_s is not None or node.client is not None:
             return False
         self.journal.record_instance_state(node.id, "running", at_s=self.clock.epoch_s())
+        in_background = getattr(self.instance_agents, "attach_in_background", None)
+        if in_background is not None:  # reaching a live instance may take minutes: not in the loop
+            in_background(node.id, node.slots, lambda client, error: self._post(Attached(node.id, client, error)))
+            return False
         try:
-            node.client = self.instance_agents.attach(node.id, node.slots)
+            client = self.instance_agents.attach(node.id, node.slots)
         except Exception as exc:  # noqa: BLE001 - an unreachable instance is released, not fatal
-            self._emit("node.lost", node=node.id, reason=f"could not start its agent: {exc}")
+            return self._on_attached(Attached(node.id, None, exc))
+        return self._on_attached(Attached(node.id, client, None))
+
+    def _on_attached(self, m: Attached) -> bool:
+        node = self.nodes.get(m.instance_id)
+        if node is None or not node.alive:  # released while its agent was being reached
+            if m.client is not None:
+                self.instance_agents.stop(m.instance_id, m.client)
+            return False
+        if m.error is not None:
+            self._emit("node.lost", node=node.id, reason=f"could not start its agent: {m.error}")
             node.lost = True
             self._release(node, "node_lost")
             return True
+        node.client = m.client
         self._node_attached(node)
         return True
 
@@ -833,6 +913,8 @@ class Daemon:
             return True  # a replica that lost the race
         self.done.add(r.task)
         self.last_done_s = now
+        if self.bag.outputs is not None and self.fetch_outputs is not None:
+            self._to_fetch.append((node.id, r.task))
         runtime_ref_s = r.runtime_s * self.clock.time_scale * node.speed
         self.obs = self.obs.add(runtime_ref_s, self.estimates[r.task])
         self._emit("task.done", task=r.task, attempt=r.attempt, node=node.id, runtime_s=round(r.runtime_s, 4),
@@ -878,6 +960,25 @@ class Daemon:
             node.release_cause = "node_lost"
             self._post(ReleaseDue(node.id, node.release_version))
         return True
+
+    def _fetch_all_outputs(self) -> None:
+        """Fetch each finished task's ``outputs`` into ``run_dir/outputs/<task>/``; a failure is
+        reported (``task.outputs_failed``), the task stays done."""
+        from urllib.parse import quote
+
+        from broker.config.bag import output_path
+
+        fetches, self._to_fetch = self._to_fetch, []
+        for node_id, task_id in fetches:
+            path = output_path(self.bag, self.tasks[task_id])
+            dest = Path(self.opt.run_dir) / "outputs" / quote(task_id, safe="")
+            try:
+                files = self.fetch_outputs(node_id, self.bag.workdir, path, dest, dict(self.bag.env))
+            except Exception as exc:  # noqa: BLE001 - a missing output is reported, never fatal
+                self._emit("task.outputs_failed", task=task_id, node=node_id, path=path, error=str(exc))
+                continue
+            self._emit("task.outputs", task=task_id, node=node_id, path=path, dest=str(dest), files=len(files),
+                       bytes=sum(f.stat().st_size for f in files))
 
     # -- events ------------------------------------------------------------------------------
     def _emit(self, name: str, **fields: Any) -> None:

@@ -5,7 +5,10 @@
   moto reports are never contacted;
 - a private node with a host is reached over SSH: connect (host key checked against
   known_hosts), ship the agent's files, and open a stream to ``agent.py attach``, whose
-  daemon survives a dropped connection.
+  daemon survives a dropped connection;
+- an EC2 instance of a live run is reached the same way once it has booted
+  (:class:`InstanceAgents`: its address from describe_instances, its host key from its
+  console or known_hosts, SSH retried with backoff until ``aws.ssh_timeout``).
 
 ``attach`` returns a :class:`~broker.shells.agent_client.AgentClient` after its handshake;
 ``stop`` ends the agent (cancelling what it runs) and is safe to call twice.
@@ -13,14 +16,23 @@
 
 from __future__ import annotations
 
+import os
+import posixpath
 import queue
 import shlex
+import shutil
+import threading
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
-from broker.core.model import PrivateNode
+import structlog
+
+from broker.core.model import AwsSettings, PrivateNode
 from broker.shells.agent_client import AgentClient
 from broker.shells.local_transport import attach_local_agent, stop_local_agent
+
+log = structlog.get_logger()
 
 AGENTS_DIR = "agents"
 REMOTE_AGENT_ROOT = "~/.broker"
@@ -53,6 +65,10 @@ class LocalAgents:
         _close_client(client, wait_s=2.0)
         stop_local_agent(agent_dir(self.run_dir, node))
 
+    def fetch(self, node: str, workdir: str | None, path: str, dest: Path, env: Mapping[str, str]) -> list[Path]:
+        """Copy a task's output (file or directory) from this machine into ``dest``."""
+        return fetch_local(workdir, path, dest, env)
+
 
 class SshAgents:
     """Agents on private nodes reached over SSH (one connection per node, kept open)."""
@@ -68,22 +84,262 @@ class SshAgents:
 
         session = connect(SshTarget.for_node(node))
         self._sessions[node.name] = session
-        remote_dir = session.deploy_agent(f"{REMOTE_AGENT_ROOT}/agent")
-        q = shlex.quote
-        # The state directory keeps its leading ~ unquoted so that the remote shell expands it.
-        command = (
-            f"python3 {q(remote_dir + '/agent.py')} attach"
-            f" --state-dir {REMOTE_AGENT_ROOT}/runs/{q(self.run_id + '/' + node.name)}"
-            f" --slots {int(node.slots)} --node {q(node.name)}"
-        )
-        transport = session.open_stream(command)
-        return AgentClient(transport, node.name, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s)
+        return start_remote_agent(session, self.run_id, node.name, node.slots, self.inbox, self.handshake_timeout_s)
 
     def stop(self, node: str, client: AgentClient | None) -> None:
         _close_client(client, wait_s=5.0)
         session = self._sessions.pop(node, None)
         if session is not None:
             session.close()
+
+    def fetch(self, node: str, workdir: str | None, path: str, dest: Path, env: Mapping[str, str]) -> list[Path]:
+        """Fetch a task's output (file or directory) from the node over SFTP into ``dest``."""
+        return fetch_over_ssh(self._sessions.get(node), node, workdir, path, dest, env)
+
+
+def fetch_local(workdir: str | None, path: str, dest: Path, env: Mapping[str, str]) -> list[Path]:
+    """Copy ``path`` (relative to ``workdir``, both expanded as the agent does) into ``dest``."""
+    from workers.agent import expand_path
+
+    full_env = {**os.environ, **env}
+    base = os.environ.get("HOME") or "/"
+    if workdir:
+        base, unset = expand_path(workdir, full_env)
+        if unset:
+            raise FileNotFoundError(f"workdir {workdir} names {', '.join('$' + n for n in unset)}, which is not set")
+    source = Path(base, expand_path(path, full_env)[0])
+    if not source.exists():
+        raise FileNotFoundError(f"{source} does not exist")
+    target = Path(dest) / (source.name or "output")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if source.is_dir():
+        shutil.copytree(source, target, dirs_exist_ok=True)
+        return sorted(p for p in target.rglob("*") if p.is_file())
+    shutil.copy2(source, target)
+    return [target]
+
+
+def fetch_over_ssh(session: Any, node: str, workdir: str | None, path: str, dest: Path,
+                   env: Mapping[str, str]) -> list[Path]:
+    """Fetch ``path`` (relative to ``workdir``, which the node's shell expands with the
+    bag's ``env``, as the agent does) from ``node`` over SFTP into ``dest``."""
+    if session is None or not session.alive:
+        raise ConnectionError(f"no SSH connection to {node} to fetch outputs over")
+    if not (path.startswith("/") or path == "~" or path.startswith("~/")):
+        exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
+        where = f"cd {_shell_word(workdir)} && " if workdir else ""
+        resolved = session.run(f"{exports}{where}pwd -P", timeout_s=30.0)
+        if resolved.exit_code != 0 or not resolved.stdout.strip():
+            raise FileNotFoundError(f"cannot enter the working directory {workdir} on {node}: "
+                                    f"{resolved.stderr.strip() or f'exit code {resolved.exit_code}'}")
+        path = posixpath.join(resolved.stdout.strip().splitlines()[-1], path)
+    return session.fetch(path, dest)
+
+
+def _shell_word(path: str) -> str:
+    """``path`` as one shell word in which ``~`` (leading) and ``$VAR`` expand, nothing else."""
+    head = ""
+    if path == "~":
+        return "~"
+    if path.startswith("~/"):
+        head, path = "~/", path[2:]
+    escaped = path.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
+    return f'{head}"{escaped}"'
+
+
+def remote_path(root: str, rest: str) -> str:
+    """``root/rest`` for a remote shell: quoted, except a leading ``~`` the shell must expand."""
+    if root == "~" or root.startswith("~/"):
+        return "~/" + shlex.quote(posixpath.join(root[2:], rest))
+    return shlex.quote(posixpath.join(root, rest))
+
+
+def start_remote_agent(
+    session: Any,
+    run_id: str,
+    node: str,
+    slots: int,
+    inbox: queue.Queue,
+    handshake_timeout_s: float,
+    remote_root: str = REMOTE_AGENT_ROOT,
+) -> AgentClient:
+    """Ship the agent over ``session`` and attach to it (starting its daemon if none runs).
+
+    The daemon's state lives in ``<remote_root>/runs/<run_id>/<node>`` on the node.
+    """
+    remote_dir = session.deploy_agent(f"{remote_root}/agent")
+    q = shlex.quote
+    command = (
+        f"python3 {q(remote_dir + '/agent.py')} attach"
+        f" --state-dir {remote_path(remote_root, f'runs/{run_id}/{node}')}"
+        f" --slots {int(slots)} --node {q(node)}"
+    )
+    transport = session.open_stream(command)
+    return AgentClient(transport, node, inbox=inbox, handshake_timeout_s=handshake_timeout_s)
+
+
+class InstanceUnreachable(ConnectionError):
+    """An instance gave no address, host key or SSH login within ``aws.ssh_timeout``."""
+
+
+class InstanceAgents:
+    """Agents on EC2 instances, reached over SSH once they have booted.
+
+    ``attach(instance_id, slots)`` waits (doubling pauses of 1 s up to 15 s, all within the
+    inventory's ``aws.ssh_timeout``) for the instance's address, then for its host key
+    under ``aws.host_key_policy``, then for an SSH login as ``aws.user`` with ``aws.key``;
+    it ships the agent, starts it and returns the client after its handshake. Whatever
+    fails raises with the instance and what was missing named; the daemon then reports
+    ``node.lost`` and releases the instance, and the controller re-plans without it.
+
+    Host keys (a fresh instance's are new by definition):
+
+    - ``console`` (default): the keys cloud-init prints on the instance's console, read
+      through the EC2 API (``console_of``), become the only keys accepted for that instance
+      (``run_dir/known_hosts.d/<id>``); any other key is refused as changed;
+    - ``known-hosts``: ``aws.known_hosts`` (default ``~/.ssh/known_hosts``) must already hold
+      the key, e.g. for an AMI with baked-in host keys;
+    - ``accept-new``: trust on first use, each acceptance logged as ``ssh.host_key_trusted``
+      with the fingerprint and recorded in ``run_dir/known_hosts.d/<id>``.
+
+    ``address_of(instance_id)`` gives the IP to use (``None`` while there is none);
+    ``console_of(instance_id)`` the console text. Both are injected: live runs pass the
+    fleet's lookups, tests map moto's instances to an sshd on 127.0.0.1 (moto's IPs are
+    invented and must never be contacted).
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        run_dir: Path,
+        inbox: queue.Queue,
+        settings: AwsSettings,
+        *,
+        address_of: Callable[[str], str | None],
+        console_of: Callable[[str], str | None] | None = None,
+        handshake_timeout_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not settings.key:
+            raise ValueError("instances are reached over SSH with aws.key, which the inventory does not give")
+        if settings.host_key_policy == "console" and console_of is None:
+            raise ValueError("host_key_policy console needs a console_of lookup")
+        self.run_id = run_id
+        self.run_dir = Path(run_dir)
+        self.inbox = inbox
+        self.settings = settings
+        self.address_of = address_of
+        self.console_of = console_of
+        self.handshake_timeout_s = handshake_timeout_s
+        self.remote_root = settings.agent_dir.rstrip("/") or "/"
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._sessions: dict[str, Any] = {}
+        self._abandoned: set[str] = set()
+
+    def attach(self, node: str, slots: int) -> AgentClient:
+        from broker.shells.ssh import SshTarget, connect_when_up
+
+        s = self.settings
+        deadline = self._clock() + s.ssh_timeout_s
+        host = self._wait_for(node, lambda: self.address_of(node), deadline, f"{s.address} IP address")
+        known_hosts, tofu = self._host_keys(node, host, deadline)
+        target = SshTarget(host=host, port=s.ssh_port, user=s.user, key_path=s.key,
+                           known_hosts_path=known_hosts, trust_on_first_use=tofu)
+        try:
+            session = connect_when_up(target, max(1.0, deadline - self._clock()), clock=self._clock,
+                                      sleep=self._sleep, cancelled=lambda: self._is_abandoned(node))
+        except ConnectionError as exc:
+            raise InstanceUnreachable(f"instance {node}: {exc}") from exc
+        with self._lock:
+            self._sessions[node] = session
+        try:
+            if self._is_abandoned(node):
+                raise InstanceUnreachable(f"instance {node} was released while its agent was being started")
+            return start_remote_agent(session, self.run_id, node, slots, self.inbox, self.handshake_timeout_s,
+                                      self.remote_root)
+        except BaseException:
+            with self._lock:
+                self._sessions.pop(node, None)
+            session.close()
+            raise
+
+    def attach_in_background(self, node: str, slots: int,
+                             done: Callable[[AgentClient | None, BaseException | None], None]) -> None:
+        """:meth:`attach` on a thread of its own; ``done(client, None)`` or ``done(None, error)``
+        after. The daemon's loop goes on meanwhile (a boot can take minutes), and a
+        :meth:`stop` before the end abandons the attempt."""
+
+        def work() -> None:
+            try:
+                client = self.attach(node, slots)
+            except Exception as exc:  # noqa: BLE001 - handed to the loop, which reports it
+                done(None, exc)
+                return
+            if self._is_abandoned(node):  # released meanwhile: nobody may be left to take it
+                self.stop(node, client)
+                done(None, InstanceUnreachable(f"instance {node} was released while its agent was being started"))
+                return
+            done(client, None)
+
+        threading.Thread(target=work, name=f"attach-{node}", daemon=True).start()
+
+    def fetch(self, node: str, workdir: str | None, path: str, dest: Path, env: Mapping[str, str]) -> list[Path]:
+        """Fetch a task's output (file or directory) from the instance over SFTP into ``dest``."""
+        with self._lock:
+            session = self._sessions.get(node)
+        return fetch_over_ssh(session, node, workdir, path, dest, env)
+
+    def stop(self, node: str, client: AgentClient | None) -> None:
+        with self._lock:
+            if client is None:
+                self._abandoned.add(node)  # an attach under way gives up at its next step
+            session = self._sessions.pop(node, None)
+        _close_client(client, wait_s=5.0)
+        if session is not None:
+            session.close()
+
+    def _is_abandoned(self, node: str) -> bool:
+        with self._lock:
+            return node in self._abandoned
+
+    def known_hosts_file(self, node: str) -> Path:
+        return self.run_dir / "known_hosts.d" / node
+
+    def _host_keys(self, node: str, host: str, deadline: float) -> tuple[str | None, bool]:
+        """The known_hosts file to check the instance against, and whether to trust on first use."""
+        from broker.shells.ssh import host_keys_from_console, write_known_hosts
+
+        policy = self.settings.host_key_policy
+        if policy == "known-hosts":
+            return self.settings.known_hosts, False
+        path = self.known_hosts_file(node)
+        if policy == "accept-new":
+            return str(path), True
+        assert self.console_of is not None  # checked in __init__
+        keys = self._wait_for(node, lambda: host_keys_from_console(self.console_of(node) or "") or None,
+                              deadline, "SSH host keys on its console (cloud-init prints them at first boot)")
+        write_known_hosts(path, host, self.settings.ssh_port, keys)
+        log.info("ssh.host_keys_from_console", instance_id=node, host=host,
+                 key_types=[key_type for key_type, _ in keys], known_hosts=str(path))
+        return str(path), False
+
+    def _wait_for(self, node: str, probe: Callable[[], Any], deadline: float, what: str) -> Any:
+        delay = 1.0
+        while True:
+            if self._is_abandoned(node):
+                raise InstanceUnreachable(f"instance {node} was released while waiting for its {what}")
+            value = probe()
+            if value is not None:
+                return value
+            left = deadline - self._clock()
+            if left <= 0:
+                raise InstanceUnreachable(
+                    f"instance {node} gave no {what} within aws.ssh_timeout ({self.settings.ssh_timeout_s:g} s)")
+            self._sleep(min(delay, left))
+            delay = min(delay * 2, 15.0)
 
 
 def _close_client(client: AgentClient | None, wait_s: float) -> None:

@@ -34,7 +34,7 @@ import stat
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
@@ -448,6 +448,40 @@ class SshSession:
         with self._sftp_lock:
             return self._sftp_client().normalize(_sftp_path(remote_dir))
 
+    def fetch(self, remote_path: str, local_dir: str | os.PathLike[str]) -> list[Path]:
+        """Download a file, or a directory with everything under it, into ``local_dir``
+        (keeping its name); returns the files written. ``remote_path`` may start with ``~/``.
+
+        Raises :class:`FileNotFoundError` when there is nothing at ``remote_path``.
+        """
+        path = _sftp_path(remote_path)
+        target = Path(local_dir) / posixpath.basename(path.rstrip("/") or ".")
+        written: list[Path] = []
+        with self._sftp_lock:
+            sftp = self._sftp_client()
+            try:
+                attrs = sftp.stat(path)
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{self.target.address}:{remote_path} does not exist") from None
+            try:
+                self._fetch_into(sftp, path, attrs, target, written)
+            except OSError as exc:
+                raise SshError(f"cannot fetch {self.target.address}:{remote_path}: {exc}") from exc
+        return written
+
+    @classmethod
+    def _fetch_into(cls, sftp: paramiko.SFTPClient, path: str, attrs: paramiko.SFTPAttributes, target: Path,
+                    written: list[Path]) -> None:
+        if stat.S_ISDIR(attrs.st_mode or 0):
+            target.mkdir(parents=True, exist_ok=True)
+            for entry in sftp.listdir_attr(path):
+                cls._fetch_into(sftp, posixpath.join(path, entry.filename), entry, target / entry.filename, written)
+        elif stat.S_ISREG(attrs.st_mode or 0):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            sftp.get(path, os.fspath(target))
+            written.append(target)
+        # anything else (a socket, a dangling link listed in a directory) is skipped
+
     def open_stream(self, command: str) -> SshTransport:
         """Start ``command`` on a new channel and return its stdin/stdout as a Transport.
 
@@ -640,3 +674,104 @@ class SshTransport:
                 self._stderr_bytes += len(chunk)
                 while self._stderr_bytes - len(self._stderr_tail[0]) >= _STDERR_TAIL_BYTES:
                     self._stderr_bytes -= len(self._stderr_tail.popleft())
+
+
+# --------------------------------------------------------------------------- reaching fresh machines
+
+# Failures worth waiting out while a machine boots: sshd not listening yet, or cloud-init
+# not done installing the login's authorized key. A host key that is unknown or changed,
+# or an unusable key file, never gets better by waiting.
+_TRANSIENT = (HostUnreachable, AuthenticationFailed)
+
+
+def connect_when_up(
+    target: SshTarget,
+    timeout_s: float,
+    *,
+    first_delay_s: float = 1.0,
+    max_delay_s: float = 15.0,
+    clock=time.monotonic,
+    sleep=time.sleep,
+    cancelled=lambda: False,
+) -> SshSession:
+    """Connect to a machine that is still booting: retry transient failures with doubling delays.
+
+    Waits ``first_delay_s``, ``2 x`` that, ... (at most ``max_delay_s``) between attempts,
+    each attempt bounded by what is left of ``timeout_s``. Raises the last error, its message
+    extended with the attempts made and the time waited, once ``timeout_s`` is spent or
+    ``cancelled()`` turns true; a non-transient error (host key, key file) at once.
+    """
+    deadline = clock() + timeout_s
+    delay = first_delay_s
+    attempts = 0
+    while True:
+        attempts += 1
+        left = deadline - clock()
+        bounded = replace(target, connect_timeout_s=max(1.0, min(target.connect_timeout_s, left)))
+        try:
+            return connect(bounded)
+        except _TRANSIENT as exc:
+            left = deadline - clock()
+            if left <= 0 or cancelled():
+                raise type(exc)(
+                    f"{exc} (gave up after {attempts} attempt{'s' if attempts != 1 else ''} "
+                    f"in {timeout_s:g} s)"
+                ) from exc
+            log.info("ssh.retry", host=target.host, port=target.port, attempt=attempts,
+                     error=type(exc).__name__, delay_s=round(min(delay, left), 3))
+            sleep(min(delay, left))
+            delay = min(delay * 2, max_delay_s)
+
+
+_CONSOLE_BEGIN = "-----BEGIN SSH HOST KEY KEYS-----"
+_CONSOLE_END = "-----END SSH HOST KEY KEYS-----"
+_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa")
+
+
+def host_keys_from_console(text: str) -> list[tuple[str, str]]:
+    """The host public keys cloud-init printed on a machine's console, as ``(type, base64)``.
+
+    cloud-init writes them between ``-----BEGIN SSH HOST KEY KEYS-----`` and ``-----END
+    SSH HOST KEY KEYS-----``; the last complete block counts (a reboot prints another).
+    Lines may carry a prefix (``ec2: ``, a kernel timestamp). ``[]`` if there is no block yet.
+    """
+    blocks: list[list[tuple[str, str]]] = []
+    current: list[tuple[str, str]] | None = None
+    for line in text.splitlines():
+        if _CONSOLE_BEGIN in line:
+            current = []
+        elif _CONSOLE_END in line:
+            if current is not None:
+                blocks.append(current)
+            current = None
+        elif current is not None:
+            words = line.split()
+            for i, word in enumerate(words[:-1]):
+                if word in _KEY_TYPES:
+                    current.append((word, words[i + 1]))
+                    break
+    return blocks[-1] if blocks else []
+
+
+def known_hosts_entry_name(host: str, port: int) -> str:
+    """How OpenSSH (and paramiko) name a host in known_hosts: ``[host]:port`` off port 22."""
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+def write_known_hosts(path: str | os.PathLike[str], host: str, port: int, keys: Sequence[tuple[str, str]]) -> None:
+    """Write ``keys`` as the only known keys of ``host:port`` in a fresh file at ``path`` (mode 600)."""
+    name = known_hosts_entry_name(host, port)
+    for key_type, blob in keys:  # refuse garbage before it becomes a trusted entry
+        try:
+            paramiko.PKey.from_type_string(key_type, base64.b64decode(blob, validate=True))
+        except Exception as exc:  # noqa: BLE001 - any parse failure means "not a key"
+            raise SshError(f"console output of {host} holds an unreadable {key_type} host key "
+                           f"({type(exc).__name__})") from None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(f"{name} {key_type} {blob}\n" for key_type, blob in keys)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, text.encode("ascii"))
+    finally:
+        os.close(fd)

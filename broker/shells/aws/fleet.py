@@ -23,6 +23,7 @@ Instance IPs are recorded for information only; nothing in this module contacts 
 
 from __future__ import annotations
 
+import base64
 import math
 import random
 import time
@@ -278,6 +279,49 @@ class Ec2Fleet:
         return WaitOutcome(
             running=running, not_running=tuple(i for i in ids if i not in running_ids), failure=failure
         )
+
+    def address_of(self, instance_id: str, which: str = "public") -> str | None:
+        """The ``public`` or ``private`` IP of one of this run's instances, ``None`` if it has
+        none (yet), is not this run's, or EC2 could not be asked (the caller retries).
+
+        The broker itself never contacts the address in a dry run: moto's IPs are invented.
+        """
+        if which not in ("public", "private"):
+            raise ValueError(f"which must be 'public' or 'private', got {which!r}")
+        record = self._own_live_record(instance_id)
+        if record is None:
+            return None
+        return record.public_ip if which == "public" else record.private_ip
+
+    def _own_live_record(self, instance_id: str) -> InstanceRecord | None:
+        result, _ = self._retrying(
+            "describe_instances",
+            lambda: self._describe_where([{"Name": "instance-id", "Values": [instance_id]}]),
+        )
+        if isinstance(result, AwsFailure):
+            self._log.warning("aws.describe_failed", kind=result.kind.value, code=result.code)
+            return None
+        return next((r for r in result if r.id == instance_id and not r.state.gone), None)
+
+    def console_output(self, instance_id: str) -> str | None:
+        """The instance's console text (where cloud-init prints its SSH host keys), or ``None``
+        when EC2 has none yet or the call failed. Only this run's instances are asked about."""
+        if self._own_live_record(instance_id) is None:
+            return None
+        result, _ = self._retrying(
+            "get_console_output", lambda: self._ec2.get_console_output(InstanceId=instance_id, Latest=True)
+        )
+        if isinstance(result, AwsFailure):
+            self._log.warning("aws.console_output_failed", instance_id=instance_id, kind=result.kind.value,
+                              code=result.code)
+            return None
+        output = result.get("Output")
+        if not output:
+            return None
+        try:
+            return base64.b64decode(output).decode("utf-8", "replace")
+        except (ValueError, TypeError):
+            return output  # some clients hand the text back decoded already
 
     # -- terminating ---------------------------------------------------------------------
     def terminate(self, instance_ids: Iterable[str]) -> TerminateOutcome:
