@@ -19,13 +19,15 @@ Faults (``SimOptions``), drawn from the run's seeded generator so a run replays:
 
 - ``failure_rate``: an attempt fails part-way with a transient error;
 - ``poison_rate``: a task fails every attempt, everywhere, with the same error;
-- ``bad_node_rate``: a node (instance or private) fails every attempt it runs, quickly;
+- ``bad_node_rate``: a node (instance or private) fails every attempt it runs, quickly
+  (``bad_nodes``: private nodes named to be bad);
 - ``instance_loss_rate``: an instance disappears at a uniform time within its first
   billing unit (billed to that moment, its attempts lost);
 - ``agent_kill_rate``: an agent is killed at a uniform time within its node's first hour,
   its attempts lost; it is back ``agent_restart_s`` later (the daemon re-attaches);
 - ``capacity_rate`` / ``limit_rate`` / ``partial_rate``: a launch is refused for capacity
-  or a limit (the type is then avoided for a while), or EC2 starts half of it.
+  or a limit (the type is then avoided for a while), or EC2 starts half of it;
+  ``unavailable_types`` are refused for capacity every time.
 
 What a failure means is decided by :class:`~broker.core.control.failures.FailureBook`, the
 same rules the daemon applies: retried up to ``retries`` times, quarantined after that or
@@ -79,6 +81,8 @@ class SimOptions:
     capacity_rate: float = 0.0  # probability that a launch fails: InsufficientInstanceCapacity
     limit_rate: float = 0.0  # ... InstanceLimitExceeded
     partial_rate: float = 0.0  # probability that a launch of n >= 2 starts n // 2
+    unavailable_types: tuple[str, ...] = ()  # every launch of these fails for capacity
+    bad_nodes: tuple[str, ...] = ()  # private nodes that fail everything they run
     failures: FailurePolicy = FailurePolicy()
 
 
@@ -327,8 +331,9 @@ class Simulation:
         count = min(a.count, max(0, t.limit - live_of_type))
         self.result.launches_refused += a.count - count
         opt, frng = self.opt, self.fault_rng
-        if count and (opt.capacity_rate > 0 or opt.limit_rate > 0 or opt.partial_rate > 0):
-            u = frng.random()
+        if count and (opt.capacity_rate > 0 or opt.limit_rate > 0 or opt.partial_rate > 0
+                      or t.name in opt.unavailable_types):
+            u = -1.0 if t.name in opt.unavailable_types else frng.random()
             if u < opt.capacity_rate + opt.limit_rate:
                 # EC2 refuses the whole call: nothing launched, nothing billed, type avoided.
                 self.result.faults["capacity" if u < opt.capacity_rate else "limit"] += 1
@@ -429,11 +434,11 @@ class Simulation:
             self.result.wasted_ref_s += (self.now - r[2]) * other.actual_speed
         return True
 
-    def _requeue(self, task: str) -> None:
+    def _requeue(self, task: str, retry: bool = False) -> None:
         i = self.index[task]
         if self.done[i] or task in self.pool or self._copies.get(task) or task in self.result.quarantined:
             return  # done, already pending, another copy still runs, or given up
-        self.pool.add(task, None if self.est is None else float(self.est[i]))
+        self.pool.add(task, None if self.est is None else float(self.est[i]), last=retry)
 
     def _on_fail(self, data) -> bool:
         node_id, slot, task, attempt, fault = data
@@ -455,7 +460,8 @@ class Simulation:
         """An attempt ended without a result: retry, or quarantine, as the book says."""
         if self.done[self.index[task]] or task in self.result.quarantined:
             return
-        verdict = self.book.failed(task, node.id, signature)
+        others = sum(1 for n in self._live.values() if n is not node and not n.lost)
+        verdict = self.book.failed(task, node.id, signature, others)
         if verdict.bad_node:
             self.result.bad_nodes_found.append(node.id)
             node.lost = True  # no more work there (the daemon releases such an instance)
@@ -473,12 +479,12 @@ class Simulation:
                 r = self._stop_attempt(other, other_slot)
                 self.result.wasted_ref_s += (self.now - r[2]) * other.actual_speed
             return
-        self._requeue(task)
+        self._requeue(task, retry=True)
 
     # -- injected node faults ----------------------------------------------------------------
     def _inject_node_faults(self, node: _Node) -> None:
         opt, frng = self.opt, self.fault_rng
-        if opt.bad_node_rate > 0 and frng.random() < opt.bad_node_rate:
+        if node.id in opt.bad_nodes or (opt.bad_node_rate > 0 and frng.random() < opt.bad_node_rate):
             node.bad = True
         if node.type is not None and opt.instance_loss_rate > 0 and frng.random() < opt.instance_loss_rate:
             self._push(self.now + frng.random() * node.type.billing.unit_s, LOSS, node.id)

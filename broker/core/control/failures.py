@@ -15,10 +15,12 @@ losing replica, a planned release) do not. A task is *quarantined* (never re-que
   spread over the fleet. Lost nodes carry no signature: a task is not poison because the
   instances under it were taken away.
 
-Nodes. A node on which ``node_strikes`` different tasks failed in a row, while other nodes
-finished work, is a *bad node* (a full disk, a missing library, HTCondor's "black hole"):
-the shell stops giving it work. If nothing finishes anywhere, no node is blamed; the tasks
-are quarantined by their own rules instead.
+Nodes. A node on which ``node_strikes`` different tasks failed in a row is a *bad node* (a
+full disk, a missing library, HTCondor's "black hole": it fails fast, so it would eat every
+task's retries) when either other nodes finished work meanwhile, or ``node_strikes`` of
+those tasks failed that way nowhere else. The shell stops giving it work. When the same tasks fail
+alike everywhere, the tasks are at fault, not the node: they are quarantined by their own
+rules and no node is blamed; nor is the last node a run has (``others`` = 0).
 
 Types. A launch refused for capacity or a limit makes its type *avoided* for
 ``type_cooldown_s``: the shell shows the controller that type with no room for new
@@ -89,9 +91,10 @@ class FailureBook:
         self.bad_nodes: set[str] = set()
         self.quarantined: dict[str, str] = {}  # task -> reason
 
-    def failed(self, task: str, node: str, signature: str | None) -> Verdict:
+    def failed(self, task: str, node: str, signature: str | None, others: int = 1) -> Verdict:
         """An attempt of ``task`` on ``node`` ended without a result; ``signature`` names the
-        error (None for a lost node). Returns what to do with the task."""
+        error (None for a lost node); ``others``: how many other nodes could still take
+        work. Returns what to do with the task."""
         n = self.failures.get(task, 0) + 1
         self.failures[task] = n
         p = self.policy
@@ -104,10 +107,12 @@ class FailureBook:
             if p.distinct_nodes and len(nodes) >= p.distinct_nodes and not reason:
                 reason = f"{signature!s} on {len(nodes)} nodes ({', '.join(sorted(nodes))})"
         became_bad = False
-        if signature is not None and p.node_strikes and node not in self.bad_nodes:
+        if signature is not None and p.node_strikes and node not in self.bad_nodes and others > 0:
             streak = self._streaks.setdefault(node, _Streak(successes_before=self._successes))
             streak.tasks.add(task)
-            if len(streak.tasks) >= p.node_strikes and self._successes > streak.successes_before:
+            if len(streak.tasks) >= p.node_strikes and (
+                self._successes > streak.successes_before or self._own(streak.tasks, node) >= p.node_strikes
+            ):
                 self.bad_nodes.add(node)
                 became_bad = True
         left = max(0, p.retries + 1 - n)
@@ -115,6 +120,13 @@ class FailureBook:
             self.quarantined[task] = reason
             return Verdict(Outcome.QUARANTINE, n, 0, reason, became_bad)
         return Verdict(Outcome.RETRY, n, left, "", became_bad)
+
+    def _own(self, tasks: set[str], node: str) -> int:
+        """How many of ``tasks`` failed on ``node`` with errors seen on no other node."""
+        return sum(
+            1 for task in tasks
+            if not any(node in nodes and len(nodes) > 1 for nodes in self._errors.get(task, {}).values())
+        )
 
     def succeeded(self, node: str) -> None:
         """A task finished on ``node``: its streak of failures ends."""
