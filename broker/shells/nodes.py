@@ -49,6 +49,16 @@ class LocalAgents:
             stop_local_agent(state_dir)
             raise
 
+    def reattach(self, node: str, slots: int, client: AgentClient) -> None:
+        """A new connection for ``client`` after its agent's link broke; starts the agent
+        again on the same state directory if it is gone (it then reports what it lost)."""
+        transport = attach_local_agent(agent_dir(self.run_dir, node), slots, node=node, grace_s=1.0)
+        try:
+            client.reattach(transport)
+        except Exception:
+            transport.close()
+            raise
+
     def stop(self, node: str, client: AgentClient | None) -> None:
         _close_client(client, wait_s=2.0)
         stop_local_agent(agent_dir(self.run_dir, node))
@@ -57,27 +67,42 @@ class LocalAgents:
 class SshAgents:
     """Agents on private nodes reached over SSH (one connection per node, kept open)."""
 
-    def __init__(self, run_id: str, inbox: queue.Queue, handshake_timeout_s: float = 30.0) -> None:
+    def __init__(self, run_id: str, inbox: queue.Queue, handshake_timeout_s: float = 30.0,
+                 known_hosts_path: str | None = None, remote_root: str = REMOTE_AGENT_ROOT) -> None:
         self.run_id = run_id
         self.inbox = inbox
         self.handshake_timeout_s = handshake_timeout_s
+        self.known_hosts_path = known_hosts_path
+        self.remote_root = remote_root
         self._sessions: dict[str, Any] = {}
 
     def attach(self, node: PrivateNode) -> AgentClient:
+        transport = self._open(node)
+        return AgentClient(transport, node.name, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s)
+
+    def reattach(self, node: PrivateNode, client: AgentClient) -> None:
+        """A new SSH connection for ``client`` after its link dropped; the agent daemon on the
+        node outlived the old one and replays what finished meanwhile."""
+        old = self._sessions.pop(node.name, None)
+        if old is not None:
+            old.close()
+        client.reattach(self._open(node))
+
+    def _open(self, node: PrivateNode):
         from broker.shells.ssh import SshTarget, connect
 
-        session = connect(SshTarget.for_node(node))
+        session = connect(SshTarget.for_node(node, known_hosts_path=self.known_hosts_path))
         self._sessions[node.name] = session
-        remote_dir = session.deploy_agent(f"{REMOTE_AGENT_ROOT}/agent")
+        root = self.remote_root
+        remote_dir = session.deploy_agent(f"{root}/agent")
         q = shlex.quote
-        # The state directory keeps its leading ~ unquoted so that the remote shell expands it.
+        # The state directory keeps a leading ~ unquoted so that the remote shell expands it.
         command = (
             f"python3 {q(remote_dir + '/agent.py')} attach"
-            f" --state-dir {REMOTE_AGENT_ROOT}/runs/{q(self.run_id + '/' + node.name)}"
+            f" --state-dir {root}/runs/{q(self.run_id + '/' + node.name)}"
             f" --slots {int(node.slots)} --node {q(node.name)}"
         )
-        transport = session.open_stream(command)
-        return AgentClient(transport, node.name, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s)
+        return session.open_stream(command)
 
     def stop(self, node: str, client: AgentClient | None) -> None:
         _close_client(client, wait_s=5.0)
