@@ -43,7 +43,7 @@ def test_failing_task_is_retried_then_reported_and_setup_runs_once_per_node(tmp_
     failed = events(run_dir, "task.failed")
     assert [(e["task"], e["attempt"], e["final"]) for e in failed] == [("t000003", 1, False), ("t000003", 2, True)]
     assert all("bad input 3" in e["stderr_tail"] for e in failed)
-    assert query(run_dir, "SELECT id, state, failures FROM tasks WHERE state <> 'done'") == [("t000003", "failed", 2)]
+    assert query(run_dir, "SELECT id, state, failures FROM tasks WHERE state <> 'done'") == [("t000003", "quarantined", 2)]
     assert query(run_dir, "SELECT count(*) FROM tasks WHERE state = 'done'") == [(5,)]
     assert query(run_dir, "SELECT state FROM run") == [("finished",)]
 

@@ -62,3 +62,17 @@ def test_draw_skips_taken_tasks():
     rng = np.random.default_rng(1)
     assert pool.draw(rng, {"t0", "t1"}) == "t2"
     assert pool.draw(rng, {"t0", "t1", "t2"}) is None
+
+
+def test_a_retry_waits_behind_the_tasks_already_pending():
+    pool = TaskPool()
+    pool.extend((f"t{i}", None) for i in range(4))
+    taken = pool.largest_fitting(1e9, 1.0)[0]
+    pool.remove(taken)
+    pool.add(taken, None, last=True)
+    order = []
+    while len(pool):
+        tid = pool.largest_fitting(1e9, 1.0)[0]
+        pool.remove(tid)
+        order.append(tid)
+    assert order[-1] == taken and sorted(order) == [f"t{i}" for i in range(4)]

@@ -174,6 +174,15 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
             agents = instances if private is None else (local if private.local else remote)
             return agents.fetch(node_id, *request)
 
+        def reattach_agent(name, slots, client):
+            node = next((p for p in inventory.private if p.name == name), None)
+            if node is not None and not node.local:
+                remote.reattach(node, client)
+            elif node is not None or args.dry_run:  # the local node, or a dry run's instance
+                local.reattach(name, slots, client)
+            else:  # an EC2 instance over SSH
+                instances.reattach(name, slots, client)
+
         def stop_private(name, client):
             node = next(p for p in inventory.private if p.name == name)
             (local.stop(name, client) if node.local else remote.stop(name, client))
@@ -186,7 +195,7 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
             private_agents=private_agent, stop_private_agent=stop_private, inbox=inbox,
             config=ControllerConfig(tick_s=tick_s, margin_s=margin_s),
             confirm=printer.confirm, on_first_plan=printer.show_plan, on_progress=printer.progress,
-            samples=args.prior_samples, fetch_outputs=fetch_outputs,
+            samples=args.prior_samples, fetch_outputs=fetch_outputs, reattach_agent=reattach_agent,
         )
         previous = {sig: signal.signal(sig, lambda *_: daemon.request_stop("user_stop"))
                     for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -27,8 +27,19 @@ delay (run time) the instance gets its agent (a local agent in a dry run). ``Sch
 replaces the instance's timer; when it fires the instance's running attempts are cancelled
 and re-queued, its agent is stopped, and it is terminated (only tagged instances ever are).
 ``Assign``/``Replicate``: the attempt is journaled, then submitted; the first successful
-copy wins and the others are cancelled. Failed attempts are retried up to the bag's
-``retries`` (the journal applies the same rule), then reported.
+copy wins and the others are cancelled.
+
+Faults (the rules are the core's :class:`~broker.core.control.failures.FailureBook`, the
+same the simulator applies). A failed attempt is retried up to the bag's ``retries``; past
+them, or when the same error ended it on two nodes, the task is quarantined (journal state
+``quarantined``, events ``task.failed`` with ``final=true`` and ``task.quarantined`` with
+the stderr tail). A node where several tasks in a row fail while others finish is not
+given work again (``node.quarantined``; an instance is released). A lost agent connection
+(agent killed, SSH dropped) is re-attached at once when ``reattach_agent`` is given: a
+surviving agent replays what finished meanwhile, a restarted one reports the attempts it
+lost, which are re-queued; only when that fails is the node lost and its attempts
+re-queued. A launch refused for capacity or a limit makes the controller see its type
+without room for ``type_cooldown_s``, so the next plan goes around it.
 """
 
 from __future__ import annotations
@@ -55,10 +66,12 @@ from broker.core.control.actions import (
     StopForBudget,
 )
 from broker.core.control.controller import Controller, ControllerConfig, Decision
+from broker.core.control.failures import FailureBook, FailurePolicy, TypeCooldown
 from broker.core.control.pool import TaskPool
 from broker.core.control.snapshot import Goal, Memory, NodeView, Observations, RunningTask, Snapshot
 from broker.core.model import Bag, Inventory, MachineType, PrivateNode
 from broker.shells.agent_client import AgentClient, NodeLost, TaskLost
+from broker.shells.aws.records import LaunchErrorKind
 from broker.shells.clock import RunClock
 from broker.shells.diskfull import DiskFull
 from broker.shells.logging import mask_secrets, register_secrets_in
@@ -68,6 +81,8 @@ from workers.protocol import Result, Run
 SETUP_TASK = "__setup__"
 # A run whose nodes are all gone and that runs nothing is over after this many idle ticks.
 IDLE_TICKS_TO_GIVE_UP = 3
+# Re-attaching to a node's agent is tried this many times over a run, then the node is lost.
+MAX_REATTACHES = 5
 
 
 # -- messages the scheduler's jobs put on the inbox ----------------------------------------
@@ -289,6 +304,8 @@ class Daemon:
         on_progress: Callable[[int, int, int, float], None] | None = None,
         samples: PriorSamples | None = None,
         fetch_outputs: Callable[..., list[Path]] | None = None,
+        reattach_agent: Callable[[str, int, AgentClient], None] | None = None,
+        failure_policy: FailurePolicy | None = None,
     ) -> None:
         self.inv = inventory
         self.bag = bag
@@ -321,7 +338,11 @@ class Daemon:
         self.pool = TaskPool()
         self.nodes: dict[str, _Node] = {}
         self.attempts: dict[str, int] = defaultdict(int)
-        self.failures: dict[str, int] = defaultdict(int)
+        self.reattach_agent = reattach_agent  # (node, slots, client): a fresh transport, re-handshaken
+        self.reattaches: dict[str, int] = defaultdict(int)
+        policy = failure_policy or FailurePolicy(retries=bag.retries)
+        self.book = FailureBook(policy)
+        self.cooldown = TypeCooldown(policy.type_cooldown_s)
         self.copies: dict[str, set[tuple[str, int, int]]] = defaultdict(set)  # task -> {(node, slot, attempt)}
         self.done: set[str] = set()
         self.failed: set[str] = set()
@@ -579,8 +600,11 @@ class Daemon:
         views = tuple(n.view(now, self.estimates.get) for n in self.nodes.values()
                       if n.terminated_at_s is None)
         committed = sum(n.cost_usd(now) for n in self.nodes.values() if n.type is not None)
+        types = self.cooldown.restrict(
+            self.types, [n.type.name for n in self.nodes.values() if n.type is not None and n.terminated_at_s is None],
+            now)
         return Snapshot(
-            now_s=now, types=self.types, nodes=views, pending=self.pool, tasks_total=len(self.tasks),
+            now_s=now, types=types, nodes=views, pending=self.pool, tasks_total=len(self.tasks),
             tasks_done=len(self.done), observations=self.obs, committed_usd=committed, started_at_s=0.0,
             prior_mean_ref_s=self.prior_mean, prior_sd_ref_s=self.prior_sd,
             budget_usd=float(self.goal.value) if self.goal.kind == "budget" else None,
@@ -680,6 +704,11 @@ class Daemon:
             self.journal.fail(intent, failure.render(), at_s=self.clock.epoch_s())
             self._emit("instance.launch_failed", type=t.name, requested=a.count, launched=len(outcome.instances),
                        kind=failure.kind.value, code=failure.code, error=failure.message, cause=a.cause)
+            if failure.kind in (LaunchErrorKind.CAPACITY, LaunchErrorKind.LIMIT, LaunchErrorKind.PARTIAL):
+                # No new instance: the controller re-plans, around this type for a while.
+                self.cooldown.refused(t.name, now)
+                self._emit("instance.type_avoided", type=t.name, kind=failure.kind.value,
+                           until_s=round(now + self.cooldown.cooldown_s, 3))
 
     def _schedule_release(self, a: ScheduleRelease) -> None:
         node = self.nodes.get(a.instance_id)
@@ -834,10 +863,10 @@ class Daemon:
                 return start
         return None
 
-    def _requeue(self, task: str) -> None:
+    def _requeue(self, task: str, retry: bool = False) -> None:
         if task in self.done or task in self.failed or task in self.pool or self.copies.get(task):
             return
-        self.pool.add(task, self.estimates[task])
+        self.pool.add(task, self.estimates[task], last=retry)
 
     def _cancel_running(self, node: _Node) -> None:
         """Cancel (not fail) every attempt on the node; their tasks go back to the pool."""
@@ -879,7 +908,7 @@ class Daemon:
                 return False
             self.journal.task_failed(message.task, message.attempt, mask_secrets(message.reason), node=node.id,
                                      at_s=self.clock.epoch_s())
-            self._after_failure(message.task, message.attempt, node.id, message.reason)
+            self._after_failure(message.task, message.attempt, node.id, message.reason, signature=None)
             return True
         return False  # Started and Progress change nothing the controller reads
 
@@ -907,10 +936,11 @@ class Daemon:
         self.journal.task_finished(r.task, r.attempt, outcome, node=node.id, at_s=self.clock.to_epoch_s(now))
         if not outcome.ok:
             why = failure_reason(r, node.id)
-            self._after_failure(r.task, r.attempt, node.id, why, r.stderr_tail)
+            self._after_failure(r.task, r.attempt, node.id, why, outcome.stderr_tail, signature=_signature(r))
             return True
         if r.task in self.done:
             return True  # a replica that lost the race
+        self.book.succeeded(node.id)
         self.done.add(r.task)
         self.last_done_s = now
         if self.bag.outputs is not None and self.fetch_outputs is not None:
@@ -932,29 +962,80 @@ class Daemon:
             self.on_progress(len(self.done), len(self.failed), len(self.tasks), self._committed_usd())
         return True
 
-    def _after_failure(self, task: str, attempt: int, node: str, why: str, stderr_tail: str = "") -> None:
-        self.failures[task] += 1
-        final = self.failures[task] > self.bag.retries and task not in self.done and not self.copies.get(task)
+    def _after_failure(self, task: str, attempt: int, node: str, why: str, stderr_tail: str = "",
+                       signature: str | None = None) -> None:
+        """An attempt ended without a result (the journal has counted it): retry or quarantine,
+        as the core's failure rules say. ``signature`` is the error as compared across nodes
+        (None for a lost attempt, which says nothing about the task)."""
+        if task in self.done or task in self.failed:
+            self._emit("task.failed", task=task, attempt=attempt, node=node, error=why,
+                       stderr_tail=stderr_tail[-500:], final=False, retries_left=0)
+            return
+        others = sum(1 for n in self.nodes.values() if n.id != node and n.alive)
+        verdict = self.book.failed(task, node, signature, others)
         self._emit("task.failed", task=task, attempt=attempt, node=node, error=why, stderr_tail=stderr_tail[-500:],
-                   final=final, retries_left=max(0, self.bag.retries - self.failures[task] + 1))
-        if final:
-            self.failed.add(task)
-        elif self.failures[task] <= self.bag.retries:
-            self._requeue(task)
+                   final=verdict.quarantined, retries_left=verdict.retries_left)
+        if verdict.quarantined:
+            self._quarantine(task, node, verdict.reason, verdict.failures, stderr_tail)
+        else:
+            self._requeue(task, retry=True)
+        if verdict.bad_node:
+            self._quarantine_node(node, why)
+
+    def _quarantine(self, task: str, node: str, reason: str, failures: int, stderr_tail: str) -> None:
+        """Give up on a task: no more attempts; copies still running are cancelled."""
+        self.failed.add(task)
+        if task in self.pool:
+            self.pool.remove(task)
+        for other_node, _slot, other_attempt in list(self.copies.get(task, ())):
+            other = self.nodes[other_node]
+            self._free(other, task, other_attempt)
+            self.journal.attempt_cancelled(task, other_attempt, at_s=self.clock.epoch_s())
+            if other.client is not None:
+                other.client.cancel([(task, other_attempt)])
+        tail = stderr_tail[-500:]
+        self.journal.quarantine(task, f"{reason}; last stderr: {tail}" if tail else reason)
+        self._emit("task.quarantined", task=task, reason=reason, failures=failures, node=node, stderr_tail=tail)
+
+    def _quarantine_node(self, node_id: str, why: str) -> None:
+        """Several tasks in a row failed on this node while others ran: give it no more work."""
+        node = self.nodes.get(node_id)
+        if node is None or not node.alive:
+            return
+        node.lost = True
+        self._emit("node.quarantined", node=node.id, reason=f"tasks keep failing there ({why})")
+        if node.type is not None:  # released by the loop, after this batch of results commits
+            node.release_version += 1
+            node.release_cause = "bad_node"
+            self._post(ReleaseDue(node.id, node.release_version))
+
+    def _reattach(self, node: _Node, reason: str) -> bool:
+        """The connection to the node's agent broke: open a new one and re-handshake. The
+        agent replays results finished meanwhile; attempts it does not know come back as
+        TaskLost (or as failed Results, if the agent was restarted), and are re-queued."""
+        if self.reattach_agent is None or node.client is None or self.reattaches[node.id] >= MAX_REATTACHES:
+            return False
+        self.reattaches[node.id] += 1
+        try:
+            self.reattach_agent(node.id, node.slots, node.client)
+        except Exception as exc:  # noqa: BLE001 - the node is then lost, which is reported
+            self._emit("agent.reattach_failed", node=node.id, reason=reason, error=str(exc))
+            return False
+        self._emit("agent.reattached", node=node.id, reason=reason, running=len(node.running),
+                   attempt=self.reattaches[node.id])
+        return True
 
     def _on_node_lost(self, node: _Node, reason: str) -> bool:
         if not node.alive:
             return False
+        if self._reattach(node, reason):
+            return True
         node.lost = True
         self._emit("node.lost", node=node.id, reason=reason)
-        requeued = set(self.journal.requeue_running(node.id, at_s=self.clock.epoch_s()))
+        self.journal.requeue_running(node.id, at_s=self.clock.epoch_s())  # each a failure, as below
         for slot, (task, attempt, _start) in list(node.running.items()):
             self._free(node, task, attempt)
-            self.failures[task] += 1
-            if task in requeued:
-                self._requeue(task)
-            elif task not in self.done and not self.copies.get(task):
-                self.failed.add(task)
+            self._after_failure(task, attempt, node.id, f"node {node.id} lost: {reason}", signature=None)
         if node.type is not None:  # released by the loop, after this batch of results commits
             node.release_version += 1
             node.release_cause = "node_lost"
@@ -984,3 +1065,15 @@ class Daemon:
     def _emit(self, name: str, **fields: Any) -> None:
         self.log.info(name, **fields)
         self.journal.record_event(name, mask_secrets(fields), at_s=self.clock.epoch_s())
+
+
+def _signature(r: Result) -> str | None:
+    """A failed result's error as compared across nodes: its exit code, a timeout, or the
+    agent's error text; None when the attempt was lost with its agent (no fault of the task)."""
+    if r.timed_out:
+        return "timed out"
+    if r.exit_code is not None:
+        return f"exit code {r.exit_code}"
+    if r.error and "agent stopped while this attempt ran" in r.error:
+        return None
+    return r.error or None

@@ -61,6 +61,16 @@ class LocalAgents:
             stop_local_agent(state_dir)
             raise
 
+    def reattach(self, node: str, slots: int, client: AgentClient) -> None:
+        """A new connection for ``client`` after its agent's link broke; starts the agent
+        again on the same state directory if it is gone (it then reports what it lost)."""
+        transport = attach_local_agent(agent_dir(self.run_dir, node), slots, node=node, grace_s=1.0)
+        try:
+            client.reattach(transport)
+        except Exception:
+            transport.close()
+            raise
+
     def stop(self, node: str, client: AgentClient | None) -> None:
         _close_client(client, wait_s=2.0)
         stop_local_agent(agent_dir(self.run_dir, node))
@@ -73,18 +83,33 @@ class LocalAgents:
 class SshAgents:
     """Agents on private nodes reached over SSH (one connection per node, kept open)."""
 
-    def __init__(self, run_id: str, inbox: queue.Queue, handshake_timeout_s: float = 30.0) -> None:
+    def __init__(self, run_id: str, inbox: queue.Queue, handshake_timeout_s: float = 30.0,
+                 known_hosts_path: str | None = None, remote_root: str = REMOTE_AGENT_ROOT) -> None:
         self.run_id = run_id
         self.inbox = inbox
         self.handshake_timeout_s = handshake_timeout_s
+        self.known_hosts_path = known_hosts_path
+        self.remote_root = remote_root
         self._sessions: dict[str, Any] = {}
 
     def attach(self, node: PrivateNode) -> AgentClient:
+        transport = self._open(node)
+        return AgentClient(transport, node.name, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s)
+
+    def reattach(self, node: PrivateNode, client: AgentClient) -> None:
+        """A new SSH connection for ``client`` after its link dropped; the agent daemon on the
+        node outlived the old one and replays what finished meanwhile."""
+        old = self._sessions.pop(node.name, None)
+        if old is not None:
+            old.close()
+        client.reattach(self._open(node))
+
+    def _open(self, node: PrivateNode):
         from broker.shells.ssh import SshTarget, connect
 
-        session = connect(SshTarget.for_node(node))
+        session = connect(SshTarget.for_node(node, known_hosts_path=self.known_hosts_path))
         self._sessions[node.name] = session
-        return start_remote_agent(session, self.run_id, node.name, node.slots, self.inbox, self.handshake_timeout_s)
+        return open_remote_agent_stream(session, self.run_id, node.name, node.slots, self.remote_root)
 
     def stop(self, node: str, client: AgentClient | None) -> None:
         _close_client(client, wait_s=5.0)
@@ -167,6 +192,14 @@ def start_remote_agent(
 
     The daemon's state lives in ``<remote_root>/runs/<run_id>/<node>`` on the node.
     """
+    transport = open_remote_agent_stream(session, run_id, node, slots, remote_root)
+    return AgentClient(transport, node, inbox=inbox, handshake_timeout_s=handshake_timeout_s)
+
+
+def open_remote_agent_stream(session: Any, run_id: str, node: str, slots: int,
+                             remote_root: str = REMOTE_AGENT_ROOT) -> Any:
+    """Ship the agent over ``session`` and open a stream to it (``attach`` starts its daemon
+    if none runs, else joins the one that outlived an earlier connection)."""
     remote_dir = session.deploy_agent(f"{remote_root}/agent")
     q = shlex.quote
     command = (
@@ -174,8 +207,7 @@ def start_remote_agent(
         f" --state-dir {remote_path(remote_root, f'runs/{run_id}/{node}')}"
         f" --slots {int(slots)} --node {q(node)}"
     )
-    transport = session.open_stream(command)
-    return AgentClient(transport, node, inbox=inbox, handshake_timeout_s=handshake_timeout_s)
+    return session.open_stream(command)
 
 
 class InstanceUnreachable(ConnectionError):
@@ -240,10 +272,41 @@ class InstanceAgents:
         self._abandoned: set[str] = set()
 
     def attach(self, node: str, slots: int) -> AgentClient:
+        session = self._connect(node, self.settings.ssh_timeout_s)
+        try:
+            if self._is_abandoned(node):
+                raise InstanceUnreachable(f"instance {node} was released while its agent was being started")
+            return start_remote_agent(session, self.run_id, node, slots, self.inbox, self.handshake_timeout_s,
+                                      self.remote_root)
+        except BaseException:
+            with self._lock:
+                self._sessions.pop(node, None)
+            session.close()
+            raise
+
+    def reattach(self, node: str, slots: int, client: AgentClient, timeout_s: float = 30.0) -> None:
+        """A new SSH connection for ``client`` after its link dropped (the agent daemon on the
+        instance outlived it and replays what finished meanwhile). It blocks the caller for at
+        most ``timeout_s`` (or ``aws.ssh_timeout`` if shorter) before giving up."""
+        with self._lock:
+            old = self._sessions.pop(node, None)
+        if old is not None:
+            old.close()
+        session = self._connect(node, min(timeout_s, self.settings.ssh_timeout_s))
+        try:
+            client.reattach(open_remote_agent_stream(session, self.run_id, node, slots, self.remote_root))
+        except BaseException:
+            with self._lock:
+                self._sessions.pop(node, None)
+            session.close()
+            raise
+
+    def _connect(self, node: str, timeout_s: float) -> Any:
+        """An SSH session to the instance once it has an address, a trusted host key and sshd."""
         from broker.shells.ssh import SshTarget, connect_when_up
 
         s = self.settings
-        deadline = self._clock() + s.ssh_timeout_s
+        deadline = self._clock() + timeout_s
         host = self._wait_for(node, lambda: self.address_of(node), deadline, f"{s.address} IP address")
         known_hosts, tofu = self._host_keys(node, host, deadline)
         target = SshTarget(host=host, port=s.ssh_port, user=s.user, key_path=s.key,
@@ -255,16 +318,7 @@ class InstanceAgents:
             raise InstanceUnreachable(f"instance {node}: {exc}") from exc
         with self._lock:
             self._sessions[node] = session
-        try:
-            if self._is_abandoned(node):
-                raise InstanceUnreachable(f"instance {node} was released while its agent was being started")
-            return start_remote_agent(session, self.run_id, node, slots, self.inbox, self.handshake_timeout_s,
-                                      self.remote_root)
-        except BaseException:
-            with self._lock:
-                self._sessions.pop(node, None)
-            session.close()
-            raise
+        return session
 
     def attach_in_background(self, node: str, slots: int,
                              done: Callable[[AgentClient | None, BaseException | None], None]) -> None:

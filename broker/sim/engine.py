@@ -1,7 +1,7 @@
 """The simulator: a discrete-event loop on a virtual clock that feeds the controller.
 
 Events: monitoring ticks, instances becoming ready after their boot delay, task ends,
-release timers, injected failures. After every batch of simultaneous events the controller
+release timers, injected faults (see "Faults" below). After every batch of simultaneous events the controller
 is asked for a decision (a tick re-plans; other events only dispatch), and its actions are
 carried out exactly as a live shell would: launches (refused past a type's limit, as EC2
 would), per-instance release timers, assignments and replicas (first result wins).
@@ -14,6 +14,25 @@ Costs: an instance is charged by its billing model from launch to termination; c
 spend at any moment is what every instance has been charged so far (its paid-until). The
 amortized cost of private nodes (``cost_per_hour`` over the makespan) is reported apart and
 added to the total cost; the budget caps cloud spend, the money actually charged.
+
+Faults (``SimOptions``), drawn from the run's seeded generator so a run replays:
+
+- ``failure_rate``: an attempt fails part-way with a transient error;
+- ``poison_rate``: a task fails every attempt, everywhere, with the same error;
+- ``bad_node_rate``: a node (instance or private) fails every attempt it runs, quickly
+  (``bad_nodes``: private nodes named to be bad);
+- ``instance_loss_rate``: an instance disappears at a uniform time within its first
+  billing unit (billed to that moment, its attempts lost);
+- ``agent_kill_rate``: an agent is killed at a uniform time within its node's first hour,
+  its attempts lost; it is back ``agent_restart_s`` later (the daemon re-attaches);
+- ``capacity_rate`` / ``limit_rate`` / ``partial_rate``: a launch is refused for capacity
+  or a limit (the type is then avoided for a while), or EC2 starts half of it;
+  ``unavailable_types`` are refused for capacity every time.
+
+What a failure means is decided by :class:`~broker.core.control.failures.FailureBook`, the
+same rules the daemon applies: retried up to ``retries`` times, quarantined after that or
+when the same error ends it on ``distinct_nodes`` nodes; a node where several tasks in a
+row fail while others finish is not given work again.
 """
 
 from __future__ import annotations
@@ -27,11 +46,14 @@ import numpy as np
 
 from ..core.control.actions import Assign, Launch, Replicate, ScheduleRelease, StopForBudget
 from ..core.control.controller import Controller, ControllerConfig
+from ..core.control.failures import FailureBook, FailurePolicy, TypeCooldown
 from ..core.control.pool import TaskPool
 from ..core.control.snapshot import Goal, Memory, NodeView, Observations, RunningTask, Snapshot
 from ..core.model import Inventory, MachineType
 
-TICK, READY, END, RELEASE, FAIL = 0, 1, 2, 3, 4
+TICK, READY, END, RELEASE, FAIL, LOSS, KILL, REVIVE = 0, 1, 2, 3, 4, 5, 6, 7
+FAULT_KINDS = ("attempt_failure", "poison_attempt", "bad_node_attempt", "instance_loss", "agent_kill",
+               "capacity", "limit", "partial")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +71,19 @@ class SimWorkload:
 class SimOptions:
     seed: int = 0
     speed_noise: float = 0.0  # actual speed = declared x U(1 - noise, 1 + noise)
-    failure_rate: float = 0.0  # probability that an attempt fails part-way (it is re-queued)
+    failure_rate: float = 0.0  # probability that an attempt fails part-way (transient)
     max_virtual_s: float = 60 * 86400.0  # a run still going after this is reported unfinished
+    poison_rate: float = 0.0  # probability that a task fails on every attempt
+    bad_node_rate: float = 0.0  # probability that a node fails everything it runs
+    instance_loss_rate: float = 0.0  # probability that an instance vanishes in its first unit
+    agent_kill_rate: float = 0.0  # probability that a node's agent is killed in its first hour
+    agent_restart_s: float = 60.0
+    capacity_rate: float = 0.0  # probability that a launch fails: InsufficientInstanceCapacity
+    limit_rate: float = 0.0  # ... InstanceLimitExceeded
+    partial_rate: float = 0.0  # probability that a launch of n >= 2 starts n // 2
+    unavailable_types: tuple[str, ...] = ()  # every launch of these fails for capacity
+    bad_nodes: tuple[str, ...] = ()  # private nodes that fail everything they run
+    failures: FailurePolicy = FailurePolicy()
 
 
 @dataclass
@@ -69,6 +102,8 @@ class _Node:
     view: NodeView | None = None
     release_cause: str | None = None
     lost: bool = False
+    bad: bool = False  # fails everything it runs (injected)
+    down_until: float | None = None  # agent killed, back at this time
     paid_until: float = -math.inf  # cached: billing only changes when time passes it
     charged_usd: float = 0.0
 
@@ -97,6 +132,13 @@ class SimResult:
     fleet_changes: list[tuple[float, str, int]] = field(default_factory=list)
     budget_stopped: bool = False
     wasted_ref_s: float = 0.0
+    quarantined: dict[str, str] = field(default_factory=dict)  # task id -> reason
+    faults: dict[str, int] = field(default_factory=dict)  # fault kind -> times injected
+    bad_nodes_found: list[str] = field(default_factory=list)
+
+    @property
+    def tasks_quarantined(self) -> int:
+        return len(self.quarantined)
 
     @property
     def tasks_left(self) -> int:
@@ -113,7 +155,8 @@ class SimResult:
             },
             "budget_usd": self.budget_usd,
             "deadline_s": self.deadline_s,
-            "tasks": {"total": self.tasks_total, "done": self.tasks_done, "left": self.tasks_left},
+            "tasks": {"total": self.tasks_total, "done": self.tasks_done, "left": self.tasks_left,
+                      "quarantined": self.tasks_quarantined},
             "samples": self.samples,
             "instances": {"launched": self.instances_launched, "max_concurrent": self.max_concurrent},
             "sim_wall_s": round(self.sim_wall_s, 3),
@@ -156,6 +199,10 @@ class Simulation:
         self.obs = Observations()
         self.memory = Memory()
         self.committed_closed = 0.0  # cost of terminated instances
+        self.book = FailureBook(options.failures)
+        self.cooldown = TypeCooldown(options.failures.type_cooldown_s)
+        self.fault_rng = np.random.default_rng(options.seed + 2_000_003)  # faults never shift the rest
+        self.poison = (self.fault_rng.random(n) < options.poison_rate) if options.poison_rate > 0 else None
         self.result = SimResult(
             policy=config.policy, makespan_s=0.0, cost_usd=0.0, cloud_cost_usd=0.0, private_cost_usd=0.0,
             planned_makespan_s=None, planned_cost_usd=None,
@@ -164,6 +211,7 @@ class Simulation:
             tasks_total=n, tasks_done=0, samples=0, instances_launched=0, max_concurrent=0,
             sim_wall_s=0.0, max_committed_usd=0.0,
         )
+        self.result.faults = {k: 0 for k in FAULT_KINDS}
         self._instance_seq = 0
         self._live_instances = 0
         self._dirty_nodes: set[str] = set()
@@ -179,6 +227,7 @@ class Simulation:
             node = _Node(p.name, p.slots, p.speed, p.speed)
             self.nodes[p.name] = node
             self._live[p.name] = node
+            self._inject_node_faults(node)
             self._touch(node)
 
     # -- event queue -------------------------------------------------------------------------
@@ -204,7 +253,7 @@ class Simulation:
                 id=node.id, slots=node.slots, speed=node.speed, running=running,
                 type_name=None if node.type is None else node.type.name,
                 launched_at_s=node.launched_at, ready_at_s=node.ready_at, paid_until_s=paid,
-                release_at_s=node.release_at, lost=node.lost,
+                release_at_s=node.release_at, lost=node.lost or node.down_until is not None,
             )
         return node.view
 
@@ -244,14 +293,17 @@ class Simulation:
             else:
                 self._free.pop(node_id, None)
         self._dirty.clear()
+        types = self.types
+        if self.cooldown.until_s:
+            types = self.cooldown.restrict(self.types, [n.type.name for n in self._cloud_live.values()], self.now)
         return Snapshot(
-            now_s=self.now, types=self.types, nodes=tuple(self._views.values()), pending=self.pool,
+            now_s=self.now, types=types, nodes=tuple(self._views.values()), pending=self.pool,
             free_nodes=tuple(self._free.values()), running_count=self._running,
             tasks_total=len(self.ids), tasks_done=self.result.tasks_done, observations=self.obs,
             committed_usd=self.committed_usd(), started_at_s=0.0,
             prior_mean_ref_s=self.work.prior_mean_ref_s,
             prior_sd_ref_s=self.work.prior_sd_ref_s,
-            budget_usd=self.result.budget_usd,
+            budget_usd=self.result.budget_usd, tasks_failed=len(self.result.quarantined),
         )
 
     # -- actions -----------------------------------------------------------------------------
@@ -278,6 +330,20 @@ class Simulation:
         live_of_type = sum(1 for n in self._cloud_live.values() if n.type is t and n.terminated_at is None)
         count = min(a.count, max(0, t.limit - live_of_type))
         self.result.launches_refused += a.count - count
+        opt, frng = self.opt, self.fault_rng
+        if count and (opt.capacity_rate > 0 or opt.limit_rate > 0 or opt.partial_rate > 0
+                      or t.name in opt.unavailable_types):
+            u = -1.0 if t.name in opt.unavailable_types else frng.random()
+            if u < opt.capacity_rate + opt.limit_rate:
+                # EC2 refuses the whole call: nothing launched, nothing billed, type avoided.
+                self.result.faults["capacity" if u < opt.capacity_rate else "limit"] += 1
+                self.result.launches_refused += count
+                self.cooldown.refused(t.name, self.now)
+                return
+            if count >= 2 and frng.random() < opt.partial_rate:
+                self.result.faults["partial"] += 1
+                self.result.launches_refused += count - count // 2
+                count //= 2
         for _ in range(count):
             self._instance_seq += 1
             noise = self.opt.speed_noise
@@ -289,6 +355,7 @@ class Simulation:
             self._cloud_live[node.id] = node
             self._refresh_billing(node)
             self._push(node.ready_at, READY, node.id)
+            self._inject_node_faults(node)
             if math.isfinite(a.release_after_s):
                 node.release_at = self.now + max(a.release_after_s, t.boot_s)
                 node.release_cause = "planned_life"
@@ -311,10 +378,17 @@ class Simulation:
         attempt = self.attempts[i]
         duration = self.truth[i] / node.actual_speed
         end = self.now + duration
-        if self.opt.failure_rate > 0 and self.rng.random() < self.opt.failure_rate:
-            fail_at = self.now + duration * self.rng.random()
+        fault = None
+        if node.bad:
+            fault, fail_at = "bad_node_attempt", self.now + min(duration, 5.0) * self.fault_rng.random()
+        elif self.poison is not None and self.poison[i]:
+            fault, fail_at = "poison_attempt", self.now + duration * self.fault_rng.random()
+        elif self.opt.failure_rate > 0 and self.rng.random() < self.opt.failure_rate:
+            fault, fail_at = "attempt_failure", self.now + duration * self.rng.random()
+        if fault is not None:
+            self.result.faults[fault] += 1
             node.running[a.slot.index] = (a.task_id, attempt, self.now, fail_at)
-            self._push(fail_at, FAIL, (node.id, a.slot.index, a.task_id, attempt))
+            self._push(fail_at, FAIL, (node.id, a.slot.index, a.task_id, attempt, fault))
         else:
             node.running[a.slot.index] = (a.task_id, attempt, self.now, end)
             self._push(end, END, (node.id, a.slot.index, a.task_id, attempt))
@@ -346,6 +420,7 @@ class Simulation:
         i = self.index[task]
         if self.done[i]:
             return True
+        self.book.succeeded(node.id)
         self.done[i] = True
         self.result.tasks_done += 1
         self.result.completions[task] = self.result.completions.get(task, 0) + 1
@@ -359,22 +434,100 @@ class Simulation:
             self.result.wasted_ref_s += (self.now - r[2]) * other.actual_speed
         return True
 
-    def _requeue(self, task: str) -> None:
+    def _requeue(self, task: str, retry: bool = False) -> None:
         i = self.index[task]
-        if self.done[i] or task in self.pool or self._copies.get(task):
-            return  # done, already pending, or another copy still runs
-        self.pool.add(task, None if self.est is None else float(self.est[i]))
+        if self.done[i] or task in self.pool or self._copies.get(task) or task in self.result.quarantined:
+            return  # done, already pending, another copy still runs, or given up
+        self.pool.add(task, None if self.est is None else float(self.est[i]), last=retry)
 
     def _on_fail(self, data) -> bool:
-        node_id, slot, task, attempt = data
+        node_id, slot, task, attempt, fault = data
         node = self.nodes[node_id]
         cur = node.running.get(slot)
         if cur is None or cur[0] != task or cur[1] != attempt:
             return False
         self._stop_attempt(node, slot)
         self.result.wasted_ref_s += (self.now - cur[2]) * node.actual_speed
-        self._requeue(task)
+        if fault == "attempt_failure":
+            # transient errors differ from one another: never "the same error" twice
+            signature = f"transient error {self.fault_rng.integers(1 << 30)}"
+        else:
+            signature = "exit code 1"  # poison tasks and bad nodes fail the same way every time
+        self._failed(task, node, signature)
         return True
+
+    def _failed(self, task: str, node: _Node, signature: str | None) -> None:
+        """An attempt ended without a result: retry, or quarantine, as the book says."""
+        if self.done[self.index[task]] or task in self.result.quarantined:
+            return
+        others = sum(1 for n in self._live.values() if n is not node and not n.lost)
+        verdict = self.book.failed(task, node.id, signature, others)
+        if verdict.bad_node:
+            self.result.bad_nodes_found.append(node.id)
+            node.lost = True  # no more work there (the daemon releases such an instance)
+            self._touch(node)
+            if node.type is not None and node.terminated_at is None:
+                node.release_cause = "bad_node"
+                node.release_version += 1
+                self._push(self.now, RELEASE, (node.id, node.release_version))
+        if verdict.quarantined:
+            self.result.quarantined[task] = verdict.reason
+            if task in self.pool:
+                self.pool.remove(task)
+            for other_id, other_slot in list(self._copies.get(task, ())):
+                other = self.nodes[other_id]
+                r = self._stop_attempt(other, other_slot)
+                self.result.wasted_ref_s += (self.now - r[2]) * other.actual_speed
+            return
+        self._requeue(task, retry=True)
+
+    # -- injected node faults ----------------------------------------------------------------
+    def _inject_node_faults(self, node: _Node) -> None:
+        opt, frng = self.opt, self.fault_rng
+        if node.id in opt.bad_nodes or (opt.bad_node_rate > 0 and frng.random() < opt.bad_node_rate):
+            node.bad = True
+        if node.type is not None and opt.instance_loss_rate > 0 and frng.random() < opt.instance_loss_rate:
+            self._push(self.now + frng.random() * node.type.billing.unit_s, LOSS, node.id)
+        if opt.agent_kill_rate > 0 and frng.random() < opt.agent_kill_rate:
+            start = node.ready_at if node.ready_at is not None else self.now
+            self._push(start + frng.random() * 3600.0, KILL, node.id)
+
+    def _lose_attempts(self, node: _Node) -> None:
+        for slot in list(node.running):
+            task, _att, start, _end = self._stop_attempt(node, slot)
+            self.result.wasted_ref_s += (self.now - start) * node.actual_speed
+            self._failed(task, node, None)
+
+    def _on_loss(self, node_id: str) -> bool:
+        """The instance vanished (terminated from outside): billed until now, attempts lost."""
+        node = self.nodes[node_id]
+        if node.terminated_at is not None:
+            return False
+        self.result.faults["instance_loss"] += 1
+        node.lost = True
+        self._lose_attempts(node)
+        node.release_cause = "instance_lost"
+        node.release_version += 1
+        return self._on_release((node.id, node.release_version))
+
+    def _on_kill(self, node_id: str) -> bool:
+        node = self.nodes[node_id]
+        if node.terminated_at is not None or node.down_until is not None:
+            return False
+        self.result.faults["agent_kill"] += 1
+        node.down_until = self.now + self.opt.agent_restart_s
+        self._lose_attempts(node)
+        self._touch(node)
+        self._push(node.down_until, REVIVE, node.id)
+        return True
+
+    def _on_revive(self, node_id: str) -> bool:
+        node = self.nodes[node_id]
+        if node.down_until is None:
+            return False
+        node.down_until = None
+        self._touch(node)
+        return node.terminated_at is None
 
     def _on_release(self, data) -> bool:
         node_id, version = data
@@ -387,7 +540,7 @@ class Simulation:
             "instance": node.id, "type": node.type.name, "at_s": self.now, "paid_until_s": paid,
             "cause": node.release_cause, "launched_at_s": node.launched_at,
         })
-        killed = [self._stop_attempt(node, slot) for slot in list(node.running)]
+        killed = [self._stop_attempt(node, slot) for slot in list(node.running)]  # planned: no failure
         node.terminated_at = self.now
         self._touch(node)
         self._live.pop(node.id, None)
@@ -407,7 +560,7 @@ class Simulation:
         idle_ticks = 0
         first_plan_seen = False
         same_time, last_t = 0, -1.0
-        while self.heap and self.result.tasks_done < n:
+        while self.heap and self._settled() < n:
             t, kind, _, data = heapq.heappop(self.heap)
             if t > self.opt.max_virtual_s:
                 break
@@ -430,7 +583,13 @@ class Simulation:
                     changed |= self._on_fail(d)
                 elif k == RELEASE:
                     changed |= self._on_release(d)
-            if self.result.tasks_done >= n:
+                elif k == LOSS:
+                    changed |= self._on_loss(d)
+                elif k == KILL:
+                    changed |= self._on_kill(d)
+                elif k == REVIVE:
+                    changed |= self._on_revive(d)
+            if self._settled() >= n:
                 break
             committed = self.committed_usd()
             self.result.max_committed_usd = max(self.result.max_committed_usd, committed)
@@ -448,7 +607,8 @@ class Simulation:
                 self._apply(decision.actions)
             if tick:
                 busy = self._running > 0
-                alive = any(node.type is None or node.release_at is None or node.release_at > self.now
+                alive = any(not node.lost and (node.type is None or node.release_at is None
+                                               or node.release_at > self.now)
                             for node in self._live.values())
                 idle_ticks = 0 if (busy or alive) else idle_ticks + 1
                 if idle_ticks > 3:
@@ -457,6 +617,9 @@ class Simulation:
         self._finish()
         self.result.sim_wall_s = time.perf_counter() - wall0
         return self.result
+
+    def _settled(self) -> int:
+        return self.result.tasks_done + len(self.result.quarantined)
 
     def _finish(self) -> None:
         """Bag done (or stuck): the run ends at the last completion; release what is left."""

@@ -27,10 +27,22 @@ class TaskPool:
         self._known_total = 0.0
 
     # -- mutation (shells only) ------------------------------------------------------------
-    def add(self, task_id: str, estimate_ref_s: float | None = None) -> None:
+    def add(self, task_id: str, estimate_ref_s: float | None = None, *, last: bool = False) -> None:
+        """Add a pending task. ``last``: a retry, to be taken after the tasks already waiting
+        (only for tasks without an estimate; the ones with an estimate keep their size order).
+        Otherwise the slot a task just failed on would take it straight back."""
         if task_id in self:
             raise ValueError(f"task {task_id} is already pending")
         if estimate_ref_s is None:
+            if last and self._unknown:
+                # the stack is taken from its end: the retry goes to the bottom, in O(1), by
+                # moving the task that was there to the top
+                bottom = self._unknown[0]
+                self._unknown_pos[bottom] = len(self._unknown)
+                self._unknown.append(bottom)
+                self._unknown[0] = task_id
+                self._unknown_pos[task_id] = 0
+                return
             self._unknown_pos[task_id] = len(self._unknown)
             self._unknown.append(task_id)
         else:
