@@ -38,12 +38,14 @@ class LocalAgents:
         self.inbox = inbox
         self.handshake_timeout_s = handshake_timeout_s
 
-    def attach(self, node: str, slots: int) -> AgentClient:
+    def attach(self, node: str, slots: int, expect: tuple = ()) -> AgentClient:
+        """``expect``: Runs a previous daemon submitted there (see AgentClient)."""
         state_dir = agent_dir(self.run_dir, node)
         state_dir.mkdir(parents=True, exist_ok=True)
         transport = attach_local_agent(state_dir, slots, node=node, grace_s=1.0)
         try:
-            return AgentClient(transport, node, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s)
+            return AgentClient(transport, node, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s,
+                               expect=expect)
         except Exception:
             transport.close()
             stop_local_agent(state_dir)
@@ -63,7 +65,7 @@ class SshAgents:
         self.handshake_timeout_s = handshake_timeout_s
         self._sessions: dict[str, Any] = {}
 
-    def attach(self, node: PrivateNode) -> AgentClient:
+    def attach(self, node: PrivateNode, expect: tuple = ()) -> AgentClient:
         from broker.shells.ssh import SshTarget, connect
 
         session = connect(SshTarget.for_node(node))
@@ -77,7 +79,8 @@ class SshAgents:
             f" --slots {int(node.slots)} --node {q(node.name)}"
         )
         transport = session.open_stream(command)
-        return AgentClient(transport, node.name, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s)
+        return AgentClient(transport, node.name, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s,
+                           expect=expect)
 
     def stop(self, node: str, client: AgentClient | None) -> None:
         _close_client(client, wait_s=5.0)
