@@ -2,17 +2,32 @@
 
     broker run --inventory INV BAG [--deadline DUR | --budget USD | --point K | --theta X]
                [--run-dir DIR] [--dry-run] [--yes] [--time-scale K] [--tick DUR] [--json-report]
+               [--on-stop release|leave]
 
 The plan table (the front, the chosen point marked) is printed when the first plan is
 solved, before any money is spent; the first launch asks "Launch N instances (~$X)?" unless
 ``--yes``. Without a terminal and without ``--yes`` the command refuses at once (exit 2).
 Exit status: 0 when every task is done, 1 when the run ended with tasks left or failed.
+
+Resume: on a ``--run-dir`` whose journal holds an unfinished run (the daemon was killed, or
+stopped with ``--on-stop leave``), the same command resumes it (``Daemon._restore``). The
+bag must be the same file content (its SHA-256 is in the journal), the goal, ``--dry-run``
+and the time scale the same; the run's clock, tick and margin continue from the journal.
+
+Stop: SIGINT/SIGTERM stop dispatching; ``--on-stop release`` (default) then cancels what
+runs, releases every instance and ends the run ``stopped``; ``--on-stop leave`` leaves the
+instances, the agents and their tasks running and the run resumable.
+
+A dry run's EC2 is a moto server process per run directory (``moto_world.dry_run_ec2``),
+started by the first ``broker run --dry-run`` and stopped when the run ends or by
+``broker down``; it survives a killed daemon so that a resume finds its instances.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
 import secrets
 import signal
@@ -26,6 +41,9 @@ from broker.cli.plan import add_goal_arguments, goal_from_args
 from broker.config.durations import format_duration, parse_duration
 
 DRY_RUN_TIME_SCALE = 60.0
+# Set (to anything) to keep a dry run's moto server after the run, to inspect it; `broker
+# down RUN_DIR` stops it.
+KEEP_MOTO_ENV = "BROKER_DRY_RUN_KEEP_MOTO"
 RUNS_DIR = Path("runs")
 EVENTS_FILE = "events.jsonl"
 
@@ -35,8 +53,8 @@ def register(subparsers) -> None:
         "run",
         help="run a bag: plan, confirm, launch, dispatch, release (--dry-run: moto + local agents)",
         description="Run a bag of tasks within a goal. The plan table is printed before anything is "
-        "spent. Resuming an interrupted run is not built yet: `broker down RUN_DIR` releases what it "
-        "holds.",
+        "spent. The same command on the --run-dir of an unfinished run resumes it; `broker down "
+        "RUN_DIR` releases what it holds instead.",
     )
     p.add_argument("--inventory", required=True, metavar="INV", help="inventory file (YAML)")
     p.add_argument("bag", help="bag file (YAML)")
@@ -59,6 +77,10 @@ def register(subparsers) -> None:
     p.add_argument("--samples", metavar="FILE",
                    help="samples.json written by `broker plan --sample` for this bag: its done tasks are not "
                    "run again and its estimate replaces the run's own sampling phase")
+    p.add_argument("--on-stop", choices=("release", "leave"), default="release",
+                   help="on Ctrl-C or SIGTERM: 'release' (default) cancels running tasks, releases every "
+                   "instance and ends the run; 'leave' keeps instances, agents and their tasks running so "
+                   "that `broker run` on the same --run-dir resumes (or `broker down` releases them)")
     p.set_defaults(func=run)
 
 
@@ -104,70 +126,150 @@ def run(args: argparse.Namespace) -> int:
     from broker.shells.journal import JOURNAL_FILE, Journal
 
     if run_dir is not None and (run_dir / JOURNAL_FILE).is_file():
-        existing = Journal.open(run_dir, readonly=True)
+        from broker.shells.journal import JournalError
+
+        try:
+            existing = Journal.open(run_dir, readonly=True)
+        except JournalError as exc:
+            raise UsageError(f"{run_dir}: {exc}") from None
         try:
             record = existing.run()
+            instance_types = {i.type_name for i in existing.instances()}
         finally:
             existing.close()
         if record is not None:
             if record.state != "running":
                 raise UsageError(f"run {record.id} in {run_dir} already ended ({record.state}); "
                                  "start a new run directory to run again")
-            raise UsageError(f"{run_dir} holds the unfinished run {record.id}: resuming a run is not "
-                             f"built yet; `broker down {run_dir}` releases what it holds")
+            scale, tick_s, margin_s = _check_resume(args, record, goal, scale, inventory, instance_types, run_dir)
+            return _execute(args, inventory, bag, goal, record.id, run_dir, scale, tick_s, margin_s, resume=record)
     run_id = new_run_id()
     run_dir = run_dir or RUNS_DIR / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     return _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_s)
 
 
-def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_s) -> int:
+def _check_resume(args, record, goal, scale, inventory, instance_types, run_dir) -> tuple[float, float, float]:
+    """Refuse to resume with inputs other than the run's; return its scale, tick and margin."""
+    from broker.shells.journal import file_sha256
+
+    how = f"resume it with the same inputs, or `broker down {run_dir}` and start a new run directory"
+    sha = file_sha256(args.bag)
+    if record.bag_sha256 is not None and sha != record.bag_sha256:
+        raise UsageError(f"cannot resume run {record.id} in {run_dir}: the bag {args.bag} differs from the one "
+                         f"it started with ({record.bag_path}; sha256 {sha[:12]}... now, "
+                         f"{record.bag_sha256[:12]}... then): {how}")
+    options = record.options
+    if bool(options.get("dry_run")) != bool(args.dry_run):
+        then = "a dry run" if options.get("dry_run") else "a live run"
+        raise UsageError(f"cannot resume run {record.id} in {run_dir}: it is {then}; "
+                         f"{'add' if options.get('dry_run') else 'drop'} --dry-run")
+    kind = "theta" if goal.kind == "none" else goal.kind
+    value = 1.0 if goal.kind == "none" else goal.value
+    if kind != record.goal_kind or (value is not None and record.goal_value is not None
+                                    and abs(float(value) - float(record.goal_value)) > 1e-9):
+        raise UsageError(f"cannot resume run {record.id} in {run_dir}: its goal is --{record.goal_kind} "
+                         f"{record.goal_value:g}, not --{kind} {value:g}: {how}")
+    run_scale = float(options.get("time_scale", scale))
+    if args.time_scale is not None and abs(args.time_scale - run_scale) > 1e-9:
+        raise UsageError(f"cannot resume run {record.id} in {run_dir}: it runs at time scale {run_scale:g}, "
+                         f"not {args.time_scale:g}")
+    missing = sorted(instance_types - {t.name for t in inventory.types})
+    if missing:
+        raise UsageError(f"cannot resume run {record.id} in {run_dir}: its instances are of type(s) "
+                         f"{', '.join(missing)}, which {args.inventory} no longer lists: {how}")
+    return run_scale, float(options.get("tick_s", 60.0)), float(options.get("margin_s", 120.0))
+
+
+def _resume_clock(record, scale: float, journal_latest_s: float | None):
+    """The run clock continued: run time kept passing (and billing) while no daemon ran."""
+    import time
+
+    from broker.shells.clock import RunClock
+
+    anchor = float(record.options.get("epoch_anchor_s", record.created_at_s))
+    elapsed = scale * (time.time() - anchor)
+    if journal_latest_s is not None:
+        elapsed = max(elapsed, journal_latest_s - anchor)
+    return RunClock(scale, offset_s=max(0.0, elapsed), epoch_anchor_s=anchor)
+
+
+def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_s, resume=None) -> int:
     import structlog
 
+    server_process = None
+    if args.dry_run:  # the moto server loads while this process imports
+        from broker.shells.moto_world import DEFAULT_REGION, spawn_moto_server
+
+        server_process = spawn_moto_server(run_dir, inventory.aws.region or DEFAULT_REGION)
     import broker.core.plan  # noqa: F401 - pulp's import is paid before the run clock starts
     from broker.core.control.controller import ControllerConfig
     from broker.shells.aws import Ec2Fleet
     from broker.shells.clock import RunClock
+    from broker.shells.crashpoints import CrashingFleet, CrashingJournal, plan_from_env
     from broker.shells.daemon import Daemon, DaemonOptions
     from broker.shells.journal import Journal
     from broker.shells.logging import configure_logging
     from broker.shells.nodes import LocalAgents, SshAgents
 
+    crash = plan_from_env()
+    state = {"left": False}
     with ExitStack() as stack:
         events = stack.enter_context(open(run_dir / EVENTS_FILE, "a", encoding="utf-8"))
         configure_logging(level=args.log_level, extra_files=[events])
         stack.callback(configure_logging, level=args.log_level)  # stop writing to the closed file
         if args.dry_run:
-            from broker.shells.moto_world import mock_ec2
+            from broker.shells.moto_world import dry_run_ec2, stop_moto_server
 
-            client, settings = stack.enter_context(mock_ec2(inventory.aws, run_id))
+            client, settings, server = stack.enter_context(
+                dry_run_ec2(inventory.aws, run_id, run_dir, process=server_process))
+            if resume is not None and server_process is not None:
+                print(f"note: the dry run's moto server for {run_dir} was gone: its instances went with it",
+                      file=sys.stderr)
+
+            def stop_server() -> None:
+                if not state["left"] and not os.environ.get(KEEP_MOTO_ENV):
+                    stop_moto_server(run_dir)
+
+            stack.callback(stop_server)
             fleet = Ec2Fleet(client, settings, run_id)
         else:
             import boto3
 
             fleet = Ec2Fleet(boto3.Session(), inventory.aws, run_id)
-        # The run's time starts once the set-up above is done (at K = 1800 a second of moto
-        # set-up would be half an hour of billing).
-        clock = RunClock(scale)
-        journal = stack.enter_context(Journal.open(run_dir, clock=clock.epoch_s))
-        journal.create_run(
-            run_id, goal_kind="theta" if goal.kind == "none" else goal.kind,
-            goal_value=1.0 if goal.kind == "none" else goal.value,
-            budget_usd=goal.value if goal.kind == "budget" else None,
-            deadline_s=goal.value if goal.kind == "deadline" else None,
-            retries=bag.retries, inventory_path=args.inventory, bag_path=args.bag,
-            options={"dry_run": args.dry_run, "time_scale": scale, "tick_s": tick_s, "margin_s": margin_s,
-                     "epoch_anchor_s": clock.epoch_anchor_s},
-            at_s=clock.epoch_s(),
-        )
-        journal.add_tasks(bag.tasks)
+        if crash is not None:
+            fleet = CrashingFleet(fleet, crash)
+        if resume is None:
+            # The run's time starts once the set-up above is done (at K = 1800 a second of moto
+            # set-up would be half an hour of billing).
+            clock = RunClock(scale)
+            journal = stack.enter_context(Journal.open(run_dir, clock=clock.epoch_s))
+            if crash is not None:
+                journal = CrashingJournal(journal, crash)
+            journal.create_run(
+                run_id, goal_kind="theta" if goal.kind == "none" else goal.kind,
+                goal_value=1.0 if goal.kind == "none" else goal.value,
+                budget_usd=goal.value if goal.kind == "budget" else None,
+                deadline_s=goal.value if goal.kind == "deadline" else None,
+                retries=bag.retries, inventory_path=args.inventory, bag_path=args.bag,
+                options={"dry_run": args.dry_run, "time_scale": scale, "tick_s": tick_s, "margin_s": margin_s,
+                         "epoch_anchor_s": clock.epoch_anchor_s},
+                at_s=clock.epoch_s(),
+            )
+            journal.add_tasks(bag.tasks)
+        else:
+            with Journal.open(run_dir, readonly=True) as probe:
+                clock = _resume_clock(resume, scale, probe.latest_time_s())
+            journal = stack.enter_context(Journal.open(run_dir, clock=clock.epoch_s))
+            if crash is not None:
+                journal = CrashingJournal(journal, crash)
         inbox: queue.Queue = queue.Queue()
         local = LocalAgents(run_dir, inbox)
         remote = SshAgents(run_id, inbox)
         instances = local if args.dry_run else _instance_agents(run_id, run_dir, inbox, inventory.aws, fleet)
 
-        def private_agent(node):
-            return local.attach(node.name, node.slots) if node.local else remote.attach(node)
+        def private_agent(node, expect=()):
+            return local.attach(node.name, node.slots, expect) if node.local else remote.attach(node, expect)
 
         def fetch_outputs(node_id, *request):
             private = next((p for p in inventory.private if p.name == node_id), None)
@@ -190,7 +292,8 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
         printer = _Printer(inventory, len(bag.tasks), args.yes, json_report=args.json_report)
         daemon = Daemon(
             inventory, bag, goal,
-            DaemonOptions(run_dir=run_dir, run_id=run_id, dry_run=args.dry_run, tick_s=tick_s),
+            DaemonOptions(run_dir=run_dir, run_id=run_id, dry_run=args.dry_run, tick_s=tick_s,
+                          resume=resume is not None, on_stop=args.on_stop),
             journal=journal, clock=clock, fleet=fleet, instance_agents=instances,
             private_agents=private_agent, stop_private_agent=stop_private, inbox=inbox,
             config=ControllerConfig(tick_s=tick_s, margin_s=margin_s),
@@ -200,13 +303,19 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
         previous = {sig: signal.signal(sig, lambda *_: daemon.request_stop("user_stop"))
                     for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            print(f"run {run_id} in {run_dir} ({'dry run, ' if args.dry_run else ''}time scale {scale:g}, "
-                  f"{len(bag.tasks)} tasks)", file=printer.out, flush=True)
+            print(f"{'resuming ' if resume is not None else ''}run {run_id} in {run_dir} "
+                  f"({'dry run, ' if args.dry_run else ''}time scale {scale:g}, {len(bag.tasks)} tasks)",
+                  file=printer.out, flush=True)
             report = daemon.run()
+            state["left"] = report.state == "left"
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         structlog.get_logger().debug("run.report", **report.to_json())
+        if report.state == "left":
+            print(f"left the run's instances and agents running: `broker run` with the same arguments and "
+                  f"--run-dir {run_dir} resumes it, `broker down {run_dir}` releases them",
+                  file=printer.out, flush=True)
     if args.json_report:
         print(json.dumps(report.to_json()))
     else:

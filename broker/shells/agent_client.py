@@ -109,6 +109,7 @@ class AgentClient:
         handshake_timeout_s: float = 10.0,
         ping_interval_s: float = 5.0,
         dead_after_s: float = 20.0,
+        expect: Iterable[Run] = (),
     ) -> None:
         if dead_after_s <= ping_interval_s:
             raise ValueError("dead_after_s must exceed ping_interval_s, or every pause looks like a death")
@@ -120,7 +121,9 @@ class AgentClient:
         self.dead_after_s = dead_after_s
         self.hello: Hello | None = None
         self._lock = threading.Lock()
-        self._outstanding: dict[Key, Run] = {}
+        # ``expect``: attempts a previous master submitted (a resumed run); the handshake
+        # reports each one the agent neither runs nor replays as a TaskLost.
+        self._outstanding: dict[Key, Run] = {key_of(run): run for run in expect}
         self._results_seen: set[Key] = set()
         self._started_seen: set[Key] = set()
         self._acked: set[Key] = set()

@@ -155,6 +155,8 @@ class DaemonOptions:
     tick_s: float = 60.0  # run time between monitoring ticks
     poll_s: float = 0.05  # wall time the loop waits for a message
     seed: int = 0
+    resume: bool = False  # rebuild the run from its journal instead of starting it
+    on_stop: str = "release"  # on SIGINT/SIGTERM: "release" everything, or "leave" it running
 
 
 @dataclass
@@ -162,7 +164,7 @@ class RunReport:
     """What the run delivered next to what was planned (thesis Table 6.6 style)."""
 
     run_id: str
-    state: str  # finished | stopped
+    state: str  # finished | stopped | left (stopped with --on-stop leave: resumable)
     tasks_total: int
     tasks_done: int
     tasks_failed: int
@@ -361,6 +363,8 @@ class Daemon:
         self.stopping = False
         self.idle_ticks = 0
         self.scheduler = None
+        self.leaving = False  # stopping with on_stop="leave": nothing is released
+        self.resumed_keys: set[tuple[str, int]] = set()  # attempts a previous daemon started
 
     # -- public ------------------------------------------------------------------------------
     def request_stop(self, reason: str = "user_stop") -> None:
@@ -416,10 +420,24 @@ class Daemon:
 
         now = self.clock.now_s()
         ids = [t.id for t in self.bag.tasks]
-        order = self.rng.permutation(len(ids))
         known = [e for e in self.estimates.values() if e is not None]
         self.prior_mean = statistics.fmean(known) if len(known) == len(ids) and known else None
         self.prior_sd = statistics.stdev(known) if self.prior_mean is not None and len(known) > 1 else None
+        if self.opt.resume and self.samples is not None and self.samples.mean_ref_s is not None:
+            self.prior_mean, self.prior_sd = self.samples.mean_ref_s, self.samples.sd_ref_s
+        self.scheduler = BackgroundScheduler(timezone=timezone.utc)
+        self.scheduler.start()
+        if self.opt.resume:
+            self._restore()
+        else:
+            self._fresh_start(now, ids)
+        self.scheduler.add_job(self._post, "interval", args=(Tick(),), id="tick",
+                               seconds=self.clock.wall_delay_s(self.config.tick_s),
+                               coalesce=True, max_instances=1, misfire_grace_time=None)
+        self._post(Tick())
+
+    def _fresh_start(self, now: float, ids: list[str]) -> None:
+        order = self.rng.permutation(len(ids))
         if self.samples is not None:
             self._adopt_samples(self.samples)
         self.pool.extend((ids[i], self.estimates[ids[i]]) for i in order if ids[i] not in self.done)
@@ -438,12 +456,6 @@ class Daemon:
                 self._emit("node.lost", node=p.name, reason=f"could not start its agent: {exc}")
                 continue
             self._node_attached(node)
-        self.scheduler = BackgroundScheduler(timezone=timezone.utc)
-        self.scheduler.add_job(self._post, "interval", args=(Tick(),), id="tick",
-                               seconds=self.clock.wall_delay_s(self.config.tick_s),
-                               coalesce=True, max_instances=1, misfire_grace_time=None)
-        self.scheduler.start()
-        self._post(Tick())
 
     def _adopt_samples(self, samples: PriorSamples) -> None:
         """Count the tasks ``broker plan --sample`` ran as done, and learn from their runtimes."""
@@ -486,6 +498,8 @@ class Daemon:
         cause = "user_stop" if self.stop_reason in ("user_stop", "declined") else "bag_done"
         if self.scheduler is not None:
             self.scheduler.shutdown(wait=False)
+        if self.leaving:
+            return self._leave()
         for node in list(self.nodes.values()):
             if node.type is not None and node.terminated_at_s is None:
                 if node.release_at_s is None or node.release_at_s > now:
@@ -509,6 +523,22 @@ class Daemon:
                    instances_launched=report.instances_launched)
         return state
 
+    def _leave(self) -> str:
+        """Stop with everything left running (``on_stop="leave"``): the agents keep their
+        tasks and results, the instances stay up, the run stays ``running`` in the journal,
+        so ``broker run`` on the directory resumes it and ``broker down`` releases it."""
+        agents = []
+        for node in self.nodes.values():
+            if node.client is not None:
+                node.client.close()  # the connection only: the agent keeps running
+                node.client = None
+                agents.append(node.id)
+        instances = [n.id for n in self.nodes.values() if n.type is not None and n.terminated_at_s is None]
+        self._emit("run.left", instances=instances, agents=agents,
+                   tasks_running=sum(len(n.running) for n in self.nodes.values()),
+                   committed_usd=round(self._committed_usd(), 6))
+        return "left"
+
     def _report(self, state: str) -> RunReport:
         now = self.clock.now_s()
         by_type: dict[str, float] = defaultdict(float)
@@ -531,6 +561,10 @@ class Daemon:
     def _turn(self) -> None:
         messages = self._drain()
         if self.stop_requested and not self.stopping:
+            if self.opt.on_stop == "leave" and self.stop_reason == "user_stop":
+                self.stopping = self.leaving = True
+                self._emit("run.stop", reason=self.stop_reason, on_stop="leave")
+                return
             self._stop_now()
             return
         tick = changed = False
@@ -559,6 +593,8 @@ class Daemon:
                 if node is not None and node.terminated_at_s is None and node.release_version == message.version:
                     self._release(node, node.release_cause or "planned")
                     changed = True
+        if tick:
+            changed |= self._reconcile_fleet()
         if tick or changed:
             self._decide(tick)
         if tick:
@@ -906,6 +942,14 @@ class Daemon:
         if isinstance(message, TaskLost):
             if self._free(node, message.task, message.attempt) is None:
                 return False
+            if (message.task, message.attempt) in self.resumed_keys:
+                # Journaled as started by the daemon that died, but its Run never reached
+                # the agent: not a failure of the task, so it simply goes back to the pool.
+                self.journal.attempt_cancelled(message.task, message.attempt, at_s=self.clock.epoch_s())
+                self._requeue(message.task)
+                self.log.info("task.requeued", task=message.task, attempt=message.attempt, node=node.id,
+                              reason=message.reason)
+                return True
             self.journal.task_failed(message.task, message.attempt, mask_secrets(message.reason), node=node.id,
                                      at_s=self.clock.epoch_s())
             self._after_failure(message.task, message.attempt, node.id, message.reason, signature=None)
@@ -1060,6 +1104,239 @@ class Daemon:
                 continue
             self._emit("task.outputs", task=task_id, node=node_id, path=path, dest=str(dest), files=len(files),
                        bytes=sum(f.stat().st_size for f in files))
+
+    # -- the fleet against EC2, every tick ---------------------------------------------------
+    def _reconcile_fleet(self) -> bool:
+        """One DescribeInstances by the run's tag: an instance terminated from outside (or
+        gone for any reason) is a lost node, its tasks re-queued now. An instance EC2 does
+        not list yet is given one tick (describe is eventually consistent after a launch).
+        A failed describe changes nothing (the fleet logs it). True when something changed."""
+        alive = [n for n in self.nodes.values() if n.type is not None and n.alive]
+        if not alive:
+            return False
+        described = self.fleet.describe()
+        if described.failure is not None:
+            return False
+        by_id = {r.id: r for r in described.instances}
+        now = self.clock.now_s()
+        changed = False
+        for node in alive:
+            record = by_id.get(node.id)
+            if record is not None and not record.state.gone:
+                continue
+            if record is None and now - (node.launched_at_s or now) < self.config.tick_s:
+                continue
+            state = "not listed by EC2" if record is None else record.state.value
+            changed |= self._on_node_lost(node, f"instance {state}: terminated outside the broker")
+        return changed
+
+    # -- resume --------------------------------------------------------------------------------
+    def _restore(self) -> None:
+        """Rebuild a run from its journal after the daemon died (or left): tasks, spend,
+        observations, instances reconciled with EC2 by the run's tag, agents re-attached,
+        release timers re-created. See README "Resuming a run"."""
+        from broker.shells.aws.fleet import TOKEN_TAG
+
+        j = self.journal
+        now = self.clock.now_s()
+        run_s = self.clock.to_run_s
+        records = {r.id: r for r in j.instances()}
+        speed = {p.name: p.speed for p in self.inv.private}
+        speed.update({r.id: self.types[r.type_name].speed for r in records.values() if r.type_name in self.types})
+
+        # Tasks: what is done stays done, what failed stays failed; counters carried over.
+        done_attempt: dict[str, int | None] = {}
+        for row in j.task_rows():
+            self.attempts[row.id] = row.attempts
+            if row.failures:
+                self.failures[row.id] = row.failures
+            if row.sample_order is not None:
+                self.sampled.add(row.id)
+            if row.state == "done":
+                self.done.add(row.id)
+                done_attempt[row.id] = row.done_attempt
+            elif row.state in ("failed", "quarantined", "cancelled"):
+                self.failed.add(row.id)
+        first_attempt: dict[str, int] = {}
+        for a in j.attempt_rows():
+            first_attempt[a.task_id] = min(first_attempt.get(a.task_id, a.attempt), a.attempt)
+            if done_attempt.get(a.task_id) == a.attempt and a.outcome == "ok" and a.runtime_s is not None:
+                self.obs = self.obs.add(a.runtime_s * self.clock.time_scale * speed.get(a.node, 1.0),
+                                        self.estimates.get(a.task_id))
+                if a.ended_at_s is not None:
+                    self.last_done_s = max(self.last_done_s, run_s(a.ended_at_s))
+        self.sample_keys = {(t, first_attempt[t]) for t in self.sampled if t in first_attempt}
+        plan = j.first_plan()
+        if plan is not None:
+            self.first_plan = (plan.makespan_s, plan.cost_usd)
+
+        # Launches so far: the next client token continues their numbering.
+        launches = j.actions("launch")
+        self.confirmed = self.confirmed or bool(launches)
+        prefix = f"{self.opt.run_id}-"
+        for act in launches:
+            token = str(act.payload.get("client_token", ""))
+            if token.startswith(prefix) and token[len(prefix):].isdigit():
+                self.launch_seq = max(self.launch_seq, int(token[len(prefix):]))
+        by_token = {act.payload.get("client_token"): act for act in launches}
+
+        # Instances: the journal against EC2 under the run's tag.
+        reconciled = self.fleet.reconcile(list(records))
+        if reconciled.failure is not None:
+            self._emit("resume.reconcile_failed", error=reconciled.failure.render())
+        adopted = terminated = 0
+        for inst in reconciled.adopted:
+            if inst.state.gone:
+                continue
+            token = inst.tags.get(TOKEN_TAG)
+            act = by_token.get(token)
+            t = self.types.get(inst.type_name)
+            if act is None or t is None:
+                outcome = self.fleet.terminate([inst.id])
+                self._emit("instance.stray_terminated", instance_id=inst.id, type=inst.type_name,
+                           reason="tagged with this run but launched by no intent in its journal",
+                           terminated=bool(outcome.terminated or outcome.already_terminated))
+                continue
+            # Launched between RunInstances and its journal row: adopt it under its intent.
+            launched = run_s(act.created_at_s) if self.clock.time_scale != 1.0 else run_s(inst.launched_at_s)
+            launched = min(launched, now)
+            j.record_launch(inst.id, t.name, launched_at_s=self.clock.to_epoch_s(launched),
+                            price_per_hour=t.price_per_hour, billing=t.billing,
+                            client_token=f"{token}-adopted-{inst.id}", action_seq=act.seq)
+            adopted += 1
+            self._emit("instance.launch", instance_id=inst.id, type=t.name, cause="adopted_on_resume",
+                       launched_at_s=round(launched, 3), boot_s=t.boot_s)
+        for instance_id in reconciled.missing:
+            r = records[instance_id]
+            if r.state == "terminated":
+                continue
+            j.record_instance_state(instance_id, "terminated", at_s=self.clock.epoch_s())
+            self.instance_agents.stop(instance_id, None)
+            terminated += 1
+            self._emit("instance.terminated", instance_id=instance_id, type=r.type_name, cause="gone_on_resume",
+                       launched_at_s=round(run_s(r.launched_at_s), 3), at_s=round(now, 3),
+                       paid_until_s=round(run_s(r.billing.paid_until(r.launched_at_s, self.clock.epoch_s())), 3),
+                       cost_usd=round(r.committed_usd(self.clock.epoch_s()), 6),
+                       committed_usd=round(j.committed_usd(self.clock.epoch_s()), 6))
+        for instance_id in reconciled.strays:
+            self._emit("resume.stray", instance_id=instance_id,
+                       reason="in the journal but without this run's tag on EC2: left alone")
+
+        # Actions the dead daemon began and never closed.
+        records = {r.id: r for r in j.instances()}
+        self.instances_launched = len(records)
+        redo_terminate: set[str] = set()
+        for intent in j.pending_intents():
+            if intent.kind == "launch":
+                token = str(intent.payload.get("client_token"))
+                found = [r.id for r in records.values() if r.client_token
+                         and (r.client_token.rsplit("-", 1)[0] == token
+                              or r.client_token.startswith(f"{token}-adopted-"))]
+                if found:
+                    j.complete(intent.seq, {"instances": found, "resumed": True}, at_s=self.clock.epoch_s())
+                else:
+                    j.fail(intent.seq, "the daemon stopped before EC2 answered; no instance carries its client "
+                           "token", at_s=self.clock.epoch_s())
+            else:
+                if intent.kind == "terminate":
+                    redo_terminate.add(str(intent.payload.get("instance_id")))
+                j.fail(intent.seq, "interrupted: the daemon stopped; redone on resume", at_s=self.clock.epoch_s())
+
+        # Nodes and their agents.
+        running_by_node: dict[str, list] = defaultdict(list)
+        for a in j.running_attempts():
+            running_by_node[a.node].append(a)
+        ready = {e.get("node") or e.get("instance_id")
+                 for name in ("node.ready", "instance.ready") for _, _, e in j.events(name)}
+        reattached = 0
+        for p in self.inv.private:
+            node = _Node(p.name, p.slots, p.speed, private=p)
+            self.nodes[p.name] = node
+            j.record_private_node(p.name, slots=p.slots, speed=p.speed, cost_per_hour=p.cost_per_hour,
+                                  at_s=self.clock.to_epoch_s(now))
+            reattached += self._reattach(node, running_by_node.pop(p.name, []), p.name in ready,
+                                         lambda expect, p=p: self.private_agents(p, expect))
+        releases: list[tuple[_Node, float | None]] = []
+        for r in records.values():
+            t = self.types[r.type_name]
+            launched = run_s(r.launched_at_s)
+            node = _Node(r.id, t.slots, t.speed, type=t, launched_at_s=launched, expected_ready_s=launched + t.boot_s)
+            self.nodes[r.id] = node
+            if r.state == "terminated":
+                node.terminated_at_s = run_s(r.terminated_at_s)
+                continue
+            if r.ready_at_s is not None or now >= node.expected_ready_s:
+                if r.ready_at_s is None:
+                    j.record_instance_state(r.id, "running", at_s=self.clock.epoch_s())
+                reattached += self._reattach(node, running_by_node.pop(r.id, []), r.id in ready,
+                                             lambda expect, r=r, t=t: self.instance_agents.attach(r.id, t.slots, expect))
+            else:
+                self._at(node.expected_ready_s, BootDone(node.id), f"boot-{node.id}")
+            releases.append((node, None if r.release_at_s is None else run_s(r.release_at_s)))
+        # Attempts on nodes that are gone: back to the pool (no failure: the daemon died).
+        requeued = 0
+        with j.batch():
+            for attempts in running_by_node.values():
+                for a in attempts:
+                    j.attempt_cancelled(a.task_id, a.attempt, at_s=self.clock.epoch_s())
+                    requeued += 1
+        ids = [t.id for t in self.bag.tasks]
+        for i in self.rng.permutation(len(ids)):
+            tid = ids[i]
+            if tid not in self.done and tid not in self.failed and not self.copies.get(tid):
+                self.pool.add(tid, self.estimates[tid])
+
+        # Release timers: as journaled, else at the paid-until minus the margin.
+        for node, release_at in releases:
+            if node.id in redo_terminate:
+                self._release(node, "interrupted_release")
+                continue
+            if release_at is None:
+                paid_until = node.type.billing.paid_until(node.launched_at_s, max(now, node.launched_at_s))
+                release_at = paid_until - self.config.margin_s
+            self._set_release(node, max(release_at, now), "resumed")
+            if release_at <= now:
+                self._release(node, "resumed_past_release")
+        self._emit("run.resume", run_dir=str(self.opt.run_dir), at_s=round(now, 3), tasks=len(ids),
+                   done=len(self.done), failed=len(self.failed), pending=len(self.pool),
+                   reattached=reattached, requeued=requeued, adopted=adopted, terminated=terminated,
+                   committed_usd=round(self._committed_usd(), 6), time_scale=self.clock.time_scale)
+
+    def _reattach(self, node: _Node, running: list, was_ready: bool, attach: Callable[[tuple], AgentClient]) -> int:
+        """Reach the node's agent again, telling it which attempts the journal says it runs:
+        those it runs or replays stay; the others come back as TaskLost (then re-queued).
+        Returns how many attempts were re-attached."""
+        runs = tuple(Run(a.task_id, a.attempt, self.tasks[a.task_id].command, timeout_s=self.bag.timeout_s,
+                         env=dict(self.bag.env), cwd=self.bag.workdir)
+                     for a in running if a.task_id in self.tasks)
+        try:
+            node.client = attach(runs)
+        except Exception as exc:  # noqa: BLE001 - an unreachable node is reported, not fatal
+            node.lost = True
+            self._emit("node.lost", node=node.id, reason=f"could not reach its agent on resume: {exc}")
+            if node.type is not None:
+                node.release_version += 1
+                node.release_cause = "node_lost"
+                self._post(ReleaseDue(node.id, node.release_version))
+            with self.journal.batch():
+                for a in running:
+                    self.journal.attempt_cancelled(a.task_id, a.attempt, at_s=self.clock.epoch_s())
+            return 0
+        now = self.clock.now_s()
+        for slot, a in enumerate(r for r in running if r.task_id in self.tasks):
+            start = self.clock.to_run_s(a.started_at_s) if a.started_at_s is not None else now
+            node.running[slot] = (a.task_id, a.attempt, start)
+            self.copies[a.task_id].add((node.id, slot, a.attempt))
+            self.resumed_keys.add((a.task_id, a.attempt))
+        hello = node.client.hello
+        self._emit("agent.reattached", node=node.id, attempts=len(node.running),
+                   agent_running=len(hello.running) if hello else 0,
+                   pending_results=hello.pending_results if hello else 0)
+        if was_ready:
+            node.ready_at_s = now
+        else:
+            self._node_attached(node)
+        return len(node.running)
 
     # -- events ------------------------------------------------------------------------------
     def _emit(self, name: str, **fields: Any) -> None:

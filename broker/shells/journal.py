@@ -304,6 +304,39 @@ class RunningAttempt:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskRow:
+    id: str
+    state: str
+    attempts: int
+    failures: int
+    done_attempt: int | None
+    sample_order: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRow:
+    task_id: str
+    attempt: int
+    node: str
+    started_at_s: float | None
+    ended_at_s: float | None
+    outcome: str
+    runtime_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRecord:
+    """One action of the intent/outcome log, whatever its state."""
+
+    seq: int
+    kind: str
+    payload: Any
+    cause: str
+    state: str
+    created_at_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class PendingTask:
     """A task waiting for a slot; ``next_attempt`` is the number its next start must carry."""
 
@@ -865,6 +898,26 @@ class Journal:
                 )
             ]
 
+    def task_rows(self) -> list["TaskRow"]:
+        """Every task's state and counters, in bag order (to rebuild a resumed run)."""
+        with self._read() as db:
+            return [
+                TaskRow(*row)
+                for row in db.execute(
+                    "SELECT id, state, attempts, failures, done_attempt, sample_order FROM tasks ORDER BY rowid"
+                )
+            ]
+
+    def attempt_rows(self) -> list["AttemptRow"]:
+        """Every attempt, oldest first (to rebuild a resumed run's observations)."""
+        with self._read() as db:
+            return [
+                AttemptRow(*row)
+                for row in db.execute(
+                    "SELECT task_id, attempt, node, started_at, ended_at, outcome, runtime_s FROM attempts ORDER BY id"
+                )
+            ]
+
     # -- the intent/outcome log -------------------------------------------------------------
     def intend(self, kind: str, payload: Any, cause: str, *, at_s: float | None = None) -> int:
         """Write an intent before carrying out an action; returns its id (``seq``)."""
@@ -905,6 +958,18 @@ class Journal:
                     "SELECT seq, kind, payload, cause, created_at FROM actions"
                     " WHERE state = 'intended' ORDER BY seq"
                 )
+            ]
+
+    def actions(self, kind: str | None = None) -> list["ActionRecord"]:
+        """Every action of the intent/outcome log (optionally one kind), oldest first."""
+        query = "SELECT seq, kind, payload, cause, state, created_at FROM actions"
+        args: tuple[Any, ...] = ()
+        if kind is not None:
+            query, args = query + " WHERE kind = ?", (kind,)
+        with self._read() as db:
+            return [
+                ActionRecord(seq, k, json.loads(payload), cause, state, created_at)
+                for seq, k, payload, cause, state, created_at in db.execute(query + " ORDER BY seq", args)
             ]
 
     # -- instances and nodes -----------------------------------------------------------------
@@ -1065,6 +1130,28 @@ class Journal:
                 (self._now(at_s), makespan_s, cost_usd, confidence, _json(fleet), _json(chosen), reason),
             )
             return int(cur.lastrowid)  # type: ignore[arg-type]
+
+    def latest_time_s(self) -> float | None:
+        """The latest time anything was written at (events, actions, attempts), or None."""
+        with self._read() as db:
+            row = db.execute(
+                "SELECT max(coalesce((SELECT max(at) FROM events), -1e300),"
+                " coalesce((SELECT max(max(created_at, coalesce(completed_at, created_at))) FROM actions), -1e300),"
+                " coalesce((SELECT max(coalesce(ended_at, started_at)) FROM attempts), -1e300))"
+            ).fetchone()
+        return None if row is None or row[0] is None or row[0] < -1e299 else float(row[0])
+
+    def first_plan(self) -> PlanRecord | None:
+        """The run's first adopted plan (what a resumed run reports its delivery against)."""
+        with self._read() as db:
+            row = db.execute(
+                "SELECT seq, created_at, makespan_s, cost_usd, confidence, fleet, chosen, reason"
+                " FROM plans ORDER BY seq LIMIT 1"
+            ).fetchone()
+        if row is None:
+            return None
+        seq, created, makespan, cost, confidence, fleet, chosen, reason = row
+        return PlanRecord(seq, created, makespan, cost, confidence, json.loads(fleet), json.loads(chosen), reason)
 
     def last_plan(self) -> PlanRecord | None:
         with self._read() as db:

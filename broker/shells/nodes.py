@@ -50,12 +50,14 @@ class LocalAgents:
         self.inbox = inbox
         self.handshake_timeout_s = handshake_timeout_s
 
-    def attach(self, node: str, slots: int) -> AgentClient:
+    def attach(self, node: str, slots: int, expect: tuple = ()) -> AgentClient:
+        """``expect``: Runs a previous daemon submitted there (see AgentClient)."""
         state_dir = agent_dir(self.run_dir, node)
         state_dir.mkdir(parents=True, exist_ok=True)
         transport = attach_local_agent(state_dir, slots, node=node, grace_s=1.0)
         try:
-            return AgentClient(transport, node, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s)
+            return AgentClient(transport, node, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s,
+                               expect=expect)
         except Exception:
             transport.close()
             stop_local_agent(state_dir)
@@ -92,9 +94,12 @@ class SshAgents:
         self.remote_root = remote_root
         self._sessions: dict[str, Any] = {}
 
-    def attach(self, node: PrivateNode) -> AgentClient:
+    def attach(self, node: PrivateNode, expect: tuple = ()) -> AgentClient:
+        """Connect, ship the agent, attach; ``expect``: the attempts a resumed run's journal
+        says this agent runs (those it does not know come back as lost)."""
         transport = self._open(node)
-        return AgentClient(transport, node.name, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s)
+        return AgentClient(transport, node.name, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s,
+                           expect=expect)
 
     def reattach(self, node: PrivateNode, client: AgentClient) -> None:
         """A new SSH connection for ``client`` after its link dropped; the agent daemon on the
@@ -187,13 +192,14 @@ def start_remote_agent(
     inbox: queue.Queue,
     handshake_timeout_s: float,
     remote_root: str = REMOTE_AGENT_ROOT,
+    expect: tuple = (),
 ) -> AgentClient:
     """Ship the agent over ``session`` and attach to it (starting its daemon if none runs).
 
     The daemon's state lives in ``<remote_root>/runs/<run_id>/<node>`` on the node.
     """
     transport = open_remote_agent_stream(session, run_id, node, slots, remote_root)
-    return AgentClient(transport, node, inbox=inbox, handshake_timeout_s=handshake_timeout_s)
+    return AgentClient(transport, node, inbox=inbox, handshake_timeout_s=handshake_timeout_s, expect=expect)
 
 
 def open_remote_agent_stream(session: Any, run_id: str, node: str, slots: int,
@@ -271,13 +277,13 @@ class InstanceAgents:
         self._sessions: dict[str, Any] = {}
         self._abandoned: set[str] = set()
 
-    def attach(self, node: str, slots: int) -> AgentClient:
+    def attach(self, node: str, slots: int, expect: tuple = ()) -> AgentClient:
         session = self._connect(node, self.settings.ssh_timeout_s)
         try:
             if self._is_abandoned(node):
                 raise InstanceUnreachable(f"instance {node} was released while its agent was being started")
             return start_remote_agent(session, self.run_id, node, slots, self.inbox, self.handshake_timeout_s,
-                                      self.remote_root)
+                                      self.remote_root, expect)
         except BaseException:
             with self._lock:
                 self._sessions.pop(node, None)
