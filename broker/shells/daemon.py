@@ -1069,10 +1069,12 @@ class Daemon:
                    attempt=self.reattaches[node.id])
         return True
 
-    def _on_node_lost(self, node: _Node, reason: str) -> bool:
+    def _on_node_lost(self, node: _Node, reason: str, reattach: bool = True) -> bool:
+        """``reattach``: try to reach the node's agent again first (not for an instance EC2
+        says is gone)."""
         if not node.alive:
             return False
-        if self._reattach(node, reason):
+        if reattach and self._reattach(node, reason):
             return True
         node.lost = True
         self._emit("node.lost", node=node.id, reason=reason)
@@ -1127,7 +1129,7 @@ class Daemon:
             if record is None and now - (node.launched_at_s or now) < self.config.tick_s:
                 continue
             state = "not listed by EC2" if record is None else record.state.value
-            changed |= self._on_node_lost(node, f"instance {state}: terminated outside the broker")
+            changed |= self._on_node_lost(node, f"instance {state}: terminated outside the broker", reattach=False)
         return changed
 
     # -- resume --------------------------------------------------------------------------------
@@ -1254,7 +1256,7 @@ class Daemon:
             self.nodes[p.name] = node
             j.record_private_node(p.name, slots=p.slots, speed=p.speed, cost_per_hour=p.cost_per_hour,
                                   at_s=self.clock.to_epoch_s(now))
-            reattached += self._reattach(node, running_by_node.pop(p.name, []), p.name in ready,
+            reattached += self._reattach_on_resume(node, running_by_node.pop(p.name, []), p.name in ready,
                                          lambda expect, p=p: self.private_agents(p, expect))
         releases: list[tuple[_Node, float | None]] = []
         for r in records.values():
@@ -1268,7 +1270,7 @@ class Daemon:
             if r.ready_at_s is not None or now >= node.expected_ready_s:
                 if r.ready_at_s is None:
                     j.record_instance_state(r.id, "running", at_s=self.clock.epoch_s())
-                reattached += self._reattach(node, running_by_node.pop(r.id, []), r.id in ready,
+                reattached += self._reattach_on_resume(node, running_by_node.pop(r.id, []), r.id in ready,
                                              lambda expect, r=r, t=t: self.instance_agents.attach(r.id, t.slots, expect))
             else:
                 self._at(node.expected_ready_s, BootDone(node.id), f"boot-{node.id}")
@@ -1302,7 +1304,7 @@ class Daemon:
                    reattached=reattached, requeued=requeued, adopted=adopted, terminated=terminated,
                    committed_usd=round(self._committed_usd(), 6), time_scale=self.clock.time_scale)
 
-    def _reattach(self, node: _Node, running: list, was_ready: bool, attach: Callable[[tuple], AgentClient]) -> int:
+    def _reattach_on_resume(self, node: _Node, running: list, was_ready: bool, attach: Callable[[tuple], AgentClient]) -> int:
         """Reach the node's agent again, telling it which attempts the journal says it runs:
         those it runs or replays stay; the others come back as TaskLost (then re-queued).
         Returns how many attempts were re-attached."""
