@@ -12,7 +12,8 @@ A fixed pipeline of named passes, each pure:
                         release at its planned paid-until minus a margin; lengthen at once,
                         shorten only once a surplus persists ``scale_down_after_s`` and survives
                         a +/-h change of the work, keep a fleet that still meets the goal
-                        unless a new plan saves more than h (hysteresis);
+                        unless a new plan saves more than h (hysteresis; h is the
+                        estimate's confidence band, between 1% and 20%);
                         the budget cap is applied to every unit before it is bought.
 5. ``_dispatch``        free slots pull work: largest task that ends before the slot's
                         release (never one that would be killed or buy an unplanned unit);
@@ -55,7 +56,10 @@ class ControllerConfig:
     replan_drift: float = 0.05  # re-plan early when remaining work drifts this much from the plan
     min_replan_gap_s: float = 300.0  # ... but not more often than this
     scale_down_after_s: float = 600.0  # a surplus must be proposed this long before it is released
-    hysteresis: float = 0.2  # a fleet change must survive a +/- 20% change of the work
+    hysteresis: float = 0.2  # a fleet change must survive a +/- 20% change of the work ...
+    # ... or, once the estimate has firmed up, a change of the work by its own confidence
+    # band (upper - point) / point, but never less than this (see _hysteresis_band)
+    hysteresis_min: float = 0.01
     confidence_z: float = 1.645
     replicate: bool = True
     min_samples: int = 30  # sampling phase length when nothing is known about runtimes
@@ -228,11 +232,13 @@ class Controller:
         if result.cause == "budget_short" and not memory.budget_stopped:
             s.actions.append(StopForBudget(len(snap.pending)))
             memory = replace(memory, budget_stopped=True)
+        first = memory.last_plan is None and memory.promised_makespan_s is not None
         memory = replace(
             memory,
             last_plan=result.plan,
-            planned_makespan_s=(now - snap.started_at_s) + result.plan.makespan_s,
-            planned_cost_usd=snap.committed_usd + result.plan.cost_usd,
+            # The first plan reported is the promise (the chosen front point) when there is one.
+            planned_makespan_s=memory.promised_makespan_s if first else (now - snap.started_at_s) + result.plan.makespan_s,
+            planned_cost_usd=memory.promised_cost_usd if first else snap.committed_usd + result.plan.cost_usd,
             last_note=result.reason,
         )
         result = self._with_hysteresis(snap, memory, now, rem, result)
@@ -242,15 +248,29 @@ class Controller:
                          result: PlanResult) -> PlanResult:
         """Act on a change of fleet only if it survives a change of the work by +/- h.
 
-        A launch is kept only if a plan for W (1 - h) launches too; shortening an instance's paid life is kept only if a plan for
-        W (1 + h) shortens it too. One noisy estimate therefore cannot make the fleet buy
+        A launch is kept only if a plan for W (1 - h) launches too (h = ``hysteresis``);
+        shortening an instance's paid life is kept only if a plan for W (1 + h') shortens it
+        too, and the fleet as scheduled is kept unless the new plan saves more than h'
+        (h' = ``_hysteresis_band``: the fixed h while the estimate is loose, its confidence
+        band once it is firm). One noisy estimate therefore cannot make the fleet buy
         capacity it then gives back, or give back capacity it then buys again.
         """
-        h = self.config.hysteresis
+        h = self._hysteresis_band(rem)
         plan = result.plan
         if h <= 0 or plan is None:
             return result
+        by_id = {n.id: n for n in snap.nodes}
+        plan = replace(plan, existing=tuple(_match_to_schedule(plan.existing, by_id)))
+        result = replace(result, plan=plan)
         keep = self._status_quo(snap, memory, now, rem)
+        if keep is not None and plan.new:
+            # The fleet as scheduled finishes in time, so a launch is only the solver's pick
+            # among equal-cost plans (a new instance for a running one of equal type; the
+            # fleet then churns). Plan with the fleet alone: what it can shed.
+            alone = self._solve(snap, memory, now, rem, launches=False).plan
+            if alone is not None:
+                plan = replace(alone, existing=tuple(_match_to_schedule(alone.existing, by_id)))
+                result = replace(result, plan=plan)
         if keep is not None and plan.cost_usd >= keep * (1.0 - h) - 1e-9:
             # The fleet as scheduled still finishes in time and the new plan saves too
             # little: change nothing (ALGORITHMS.md 5, step 5).
@@ -259,7 +279,7 @@ class Controller:
         if new and snap.nodes:
             # Scale up only if a plan for less work would scale up too. Which types it
             # picks may differ (equally efficient types tie), so only whether is compared.
-            low = self._solve(snap, memory, now, rem, scale=1.0 - h).plan
+            low = self._solve(snap, memory, now, rem, scale=1.0 - self.config.hysteresis).plan
             if low is not None and not low.new:
                 new = ()
         current = {n.id: n.release_at_s for n in snap.nodes if not n.is_private}
@@ -268,7 +288,7 @@ class Controller:
         if shortening:
             high = self._solve(snap, memory, now, rem, scale=1.0 + h).plan
             if high is not None:
-                longer = {e.instance_id: e for e in high.existing}
+                longer = {e.instance_id: e for e in _match_to_schedule(high.existing, by_id)}
                 existing = tuple(
                     longer.get(e.instance_id, e) if e in shortening and longer.get(e.instance_id) is not None
                     and longer[e.instance_id].release_at_s > e.release_at_s else e
@@ -277,6 +297,22 @@ class Controller:
         if new == plan.new and existing == plan.existing:
             return result
         return replace(result, plan=replace(plan, new=new, existing=existing))
+
+    def _hysteresis_band(self, rem: RemainingWork) -> float:
+        """h: how much the work may move before a fleet change is believed.
+
+        The noise hysteresis guards against is the estimate's own: the remaining work is
+        known to about (upper - point) / point. Early on (few observations, wide band) that
+        is more than ``hysteresis`` and the fixed band rules; once thousands of tasks have
+        ended it is a percent or less, and a fixed 20% band would keep a fleet bought for the
+        first, wide upper value to the end: the run over-delivers (finishes early, costs more
+        than the chosen point). So h = clamp(band, hysteresis_min, hysteresis).
+        """
+        h = self.config.hysteresis
+        if h <= 0 or rem.point_ref_s <= 0:
+            return h
+        band = (rem.upper_ref_s - rem.point_ref_s) / rem.point_ref_s
+        return min(h, max(self.config.hysteresis_min, band))
 
     def _drifted(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork) -> bool:
         """True when the fleet cannot finish the remaining work by the planned end."""
@@ -299,9 +335,16 @@ class Controller:
         if g.kind == "deadline":
             return replace(memory, deadline_at_s=snap.started_at_s + float(g.value))
         if g.kind in ("point", "theta", "none"):
-            chosen = self.planner.front_choice(self._planner_input(snap, now, rem), g)
+            # The point is chosen on the front the user saw: the work's point estimate. A
+            # front on the upper value has other candidate makespans (its grid moves with
+            # W), so "point 2" there is another promise. The plans that follow still cover
+            # the upper value, by this deadline.
+            pin = self._planner_input(snap, now, replace(rem, upper_ref_s=rem.point_ref_s))
+            chosen = self.planner.front_choice(pin, g)
             if chosen is not None:
-                return replace(memory, deadline_at_s=now + chosen.makespan_s)
+                return replace(memory, deadline_at_s=now + chosen.makespan_s,
+                               promised_makespan_s=(now - snap.started_at_s) + chosen.makespan_s,
+                               promised_cost_usd=snap.committed_usd + chosen.cost_usd)
         return memory
 
     def _planner_input(self, snap: Snapshot, now: float, rem: RemainingWork):
@@ -313,10 +356,13 @@ class Controller:
             now_s=now,
         )
 
-    def _solve(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork, scale: float = 1.0) -> PlanResult:
+    def _solve(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork, scale: float = 1.0,
+               launches: bool = True) -> PlanResult:
         if scale != 1.0:
             rem = replace(rem, upper_ref_s=rem.upper_ref_s * scale, point_ref_s=rem.point_ref_s * scale)
         pin = self._planner_input(snap, now, rem)
+        if not launches:  # the current fleet (and private nodes) only
+            pin = replace(pin, types=tuple(replace(t, limit=0) for t in pin.types))
         if self.goal.kind == "budget":
             # The planner sees existing instances paid up to their current boundary and
             # decides their extensions itself, so it gets the budget minus what is charged,
@@ -623,6 +669,37 @@ class Controller:
                 copies[r.task_id] = copies.get(r.task_id, 0) + 1
                 s.actions.append(Replicate(r.task_id, SlotRef(node.id, slot), r.attempt + 1, "tail_replication"))
                 break
+
+
+def _match_to_schedule(existing, by_id) -> list:
+    """The plan's releases, dealt to interchangeable instances so that fewest change.
+
+    Instances of one type launched at the same moment are interchangeable to the planner, and
+    it breaks ties between them arbitrarily: one re-plan shortens instance A and keeps B, the
+    next the reverse, and the fleet's schedule flaps without any change of capacity (each
+    flip lengthens at once, while a shortening must persist, so nothing is ever shortened).
+    Within each such group the planned release times are a multiset; the instance scheduled
+    latest gets the latest of them.
+    """
+    from ..plan.types import Extension
+
+    groups: dict[tuple, list] = {}
+    for ext in existing:
+        node = by_id.get(ext.instance_id)
+        if node is None or node.is_private:
+            groups.setdefault(("", ext.instance_id), []).append(ext)
+            continue
+        groups.setdefault((node.type_name, node.launched_at_s), []).append(ext)
+    out = []
+    for group in groups.values():
+        if len(group) == 1:
+            out += group
+            continue
+        plans = sorted(group, key=lambda e: (e.release_at_s, e.extra_quanta))
+        nodes = sorted((by_id[e.instance_id] for e in group),
+                       key=lambda n: (n.release_at_s if n.release_at_s is not None else math.inf, n.id))
+        out += [Extension(n.id, e.extra_quanta, e.release_at_s) for n, e in zip(nodes, plans)]
+    return out
 
 
 def _sd_estimate(snap: Snapshot, mean: float) -> float:
