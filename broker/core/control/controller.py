@@ -10,9 +10,10 @@ A fixed pipeline of named passes, each pure:
                         the current fleet as existing instances, the policy's fleet rule.
 4. ``_fleet``           diff plan and fleet: launch what is missing; schedule each instance's
                         release at its planned paid-until minus a margin; lengthen at once,
-                        shorten only once a surplus persists ``scale_down_after_s`` and survives
-                        a +/-h change of the work, keep a fleet that still meets the goal
-                        unless a new plan saves more than h (hysteresis);
+                        shorten only once a surplus persists ``scale_down_after_s``; a fleet
+                        that still meets the goal is only ever shed (the first-leaving instance
+                        pulled in furthest), never relaunched; launches must survive a -h
+                        change of the work (hysteresis);
                         the budget cap is applied to every unit before it is bought.
 5. ``_dispatch``        free slots pull work: largest task that ends before the slot's
                         release (never one that would be killed or buy an unplanned unit);
@@ -29,6 +30,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from ..model import MachineType
+from ..plan.types import Extension
 from .actions import (
     Action,
     Assign,
@@ -55,12 +57,16 @@ class ControllerConfig:
     replan_drift: float = 0.05  # re-plan early when remaining work drifts this much from the plan
     min_replan_gap_s: float = 300.0  # ... but not more often than this
     scale_down_after_s: float = 600.0  # a surplus must be proposed this long before it is released
-    hysteresis: float = 0.2  # a fleet change must survive a +/- 20% change of the work
+    hysteresis: float = 0.2  # a fleet change must survive a +/- 20% change of the work ...
+    # ... or, once the estimate has firmed up, a change of the work by its own confidence
+    # band (upper - point) / point, but never less than this (see _hysteresis_band)
+    hysteresis_min: float = 0.01
     confidence_z: float = 1.645
     replicate: bool = True
     min_samples: int = 30  # sampling phase length when nothing is known about runtimes
     max_sample_fraction: float = 0.2  # ... but at most this share of the bag
     fit_safety: float = 1.0  # a task with an estimate fits when estimate x this <= time to release x speed
+    warm_start: bool = True  # budget re-plans start their search where the last plan ended
     fit_z: float = 1.28  # a task without one fits when mean + fit_z sd does (about its 90% quantile)
 
     def __post_init__(self) -> None:
@@ -228,11 +234,13 @@ class Controller:
         if result.cause == "budget_short" and not memory.budget_stopped:
             s.actions.append(StopForBudget(len(snap.pending)))
             memory = replace(memory, budget_stopped=True)
+        first = memory.last_plan is None and memory.promised_makespan_s is not None
         memory = replace(
             memory,
             last_plan=result.plan,
-            planned_makespan_s=(now - snap.started_at_s) + result.plan.makespan_s,
-            planned_cost_usd=snap.committed_usd + result.plan.cost_usd,
+            # The first plan reported is the promise (the chosen front point) when there is one.
+            planned_makespan_s=memory.promised_makespan_s if first else (now - snap.started_at_s) + result.plan.makespan_s,
+            planned_cost_usd=memory.promised_cost_usd if first else snap.committed_usd + result.plan.cost_usd,
             last_note=result.reason,
         )
         result = self._with_hysteresis(snap, memory, now, rem, result)
@@ -240,26 +248,41 @@ class Controller:
 
     def _with_hysteresis(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork,
                          result: PlanResult) -> PlanResult:
-        """Act on a change of fleet only if it survives a change of the work by +/- h.
+        """Act on a change of fleet only if it survives a change of the work.
 
-        A launch is kept only if a plan for W (1 - h) launches too; shortening an instance's paid life is kept only if a plan for
-        W (1 + h) shortens it too. One noisy estimate therefore cannot make the fleet buy
+        When the fleet as scheduled still finishes the work's upper value by the deadline, a
+        re-plan may only shed (``_shed``: pull releases in while (1 + h') x the upper value
+        still fits), never launch or lengthen. Otherwise the solver's plan is used, but a
+        launch is kept only if a plan for W (1 - h) launches too (h = ``hysteresis``), and
+        shortening an instance is kept only if a plan for W (1 + h') shortens it too
+        (h' = ``_hysteresis_band``: the fixed h while the estimate is loose, its confidence
+        band once it is firm). One noisy estimate therefore cannot make the fleet buy
         capacity it then gives back, or give back capacity it then buys again.
         """
-        h = self.config.hysteresis
+        h = self._hysteresis_band(rem)
         plan = result.plan
         if h <= 0 or plan is None:
             return result
+        by_id = {n.id: n for n in snap.nodes}
+        plan = replace(plan, existing=tuple(_match_to_schedule(plan.existing, by_id)))
+        result = replace(result, plan=plan)
         keep = self._status_quo(snap, memory, now, rem)
-        if keep is not None and plan.cost_usd >= keep * (1.0 - h) - 1e-9:
-            # The fleet as scheduled still finishes in time and the new plan saves too
-            # little: change nothing (ALGORITHMS.md 5, step 5).
-            return replace(result, plan=replace(plan, new=(), existing=()), cause="status_quo")
+        if keep is not None:
+            # The fleet as scheduled finishes in time, so all a new plan may do is shed: a
+            # launch or a lengthening is only the solver's pick among equal-cost plans (a new
+            # instance for a running one of equal type, instance A kept longer than B), and
+            # acting on those churns the fleet. Shed directly instead.
+            shed = self._shed(snap, memory, now, rem, h)
+            if not shed:
+                return replace(result, plan=replace(plan, new=(), existing=()), cause="status_quo")
+            margin = self.config.margin_s
+            existing = tuple(Extension(nid, 0, at + margin) for nid, at in sorted(shed.items()))
+            return replace(result, plan=replace(plan, new=(), existing=existing), cause="surplus")
         new, existing = plan.new, plan.existing
         if new and snap.nodes:
             # Scale up only if a plan for less work would scale up too. Which types it
             # picks may differ (equally efficient types tie), so only whether is compared.
-            low = self._solve(snap, memory, now, rem, scale=1.0 - h).plan
+            low = self._solve(snap, memory, now, rem, scale=1.0 - self.config.hysteresis).plan
             if low is not None and not low.new:
                 new = ()
         current = {n.id: n.release_at_s for n in snap.nodes if not n.is_private}
@@ -268,7 +291,7 @@ class Controller:
         if shortening:
             high = self._solve(snap, memory, now, rem, scale=1.0 + h).plan
             if high is not None:
-                longer = {e.instance_id: e for e in high.existing}
+                longer = {e.instance_id: e for e in _match_to_schedule(high.existing, by_id)}
                 existing = tuple(
                     longer.get(e.instance_id, e) if e in shortening and longer.get(e.instance_id) is not None
                     and longer[e.instance_id].release_at_s > e.release_at_s else e
@@ -277,6 +300,59 @@ class Controller:
         if new == plan.new and existing == plan.existing:
             return result
         return replace(result, plan=replace(plan, new=new, existing=existing))
+
+    def _hysteresis_band(self, rem: RemainingWork) -> float:
+        """h: how much the work may move before a fleet change is believed.
+
+        The noise hysteresis guards against is the estimate's own: the remaining work is
+        known to about (upper - point) / point. Early on (few observations, wide band) that
+        is more than ``hysteresis`` and the fixed band rules; once thousands of tasks have
+        ended it is a percent or less, and a fixed 20% band would keep a fleet bought for the
+        first, wide upper value to the end: the run over-delivers (finishes early, costs more
+        than the chosen point). So h = clamp(band, hysteresis_min, hysteresis).
+        """
+        h = self.config.hysteresis
+        if h <= 0 or rem.point_ref_s <= 0:
+            return h
+        band = (rem.upper_ref_s - rem.point_ref_s) / rem.point_ref_s
+        return min(h, max(self.config.hysteresis_min, band))
+
+    def _shed(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork, h: float) -> dict[str, float]:
+        """Releases to pull in, while the fleet still finishes the work's upper value by the
+        deadline (the status-quo capacity test): the instance due to leave first is pulled in
+        quantum by quantum as far as it goes, then the next. Concentrating the cut on few
+        instances keeps the rest busy to the deadline (cutting every instance by a quantum
+        would finish the same paid hours sooner, side by side, and miss the chosen point's
+        makespan). Never below what is already paid, nor below the expected end of the
+        instance's running tasks."""
+        from ..plan.capacity import planning_quantum_s
+
+        need = replace(rem, upper_ref_s=rem.upper_ref_s * (1.0 + h))
+        margin = self.config.margin_s
+        trial: dict[str, float] = {}
+        live = sorted((n for n in snap.nodes if not n.is_private and not n.lost and n.release_at_s is not None
+                       and n.launched_at_s is not None and n.release_at_s > now),
+                      key=lambda n: (n.release_at_s, n.id))
+        for n in live:
+            t = snap.types[n.type_name]
+            q = planning_quantum_s(t.billing, self.planner.options)
+            floor = max(now, (n.paid_until_s if n.paid_until_s is not None else now) - margin)
+            busy = max((r.started_at_s + (r.estimate_ref_s or rem.mean_ref_s) / n.speed for r in n.running),
+                       default=-math.inf)
+            at = n.release_at_s
+            while True:
+                target = t.billing.paid_until(n.launched_at_s, at + margin - q) - margin
+                if target < floor - 1e-6 or target < busy or target >= at - 1.0:
+                    break
+                trial[n.id] = target
+                if self._status_quo(snap, memory, now, need, trial) is None:
+                    if at < n.release_at_s:
+                        trial[n.id] = at
+                    else:
+                        del trial[n.id]
+                    break
+                at = target
+        return trial
 
     def _drifted(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork) -> bool:
         """True when the fleet cannot finish the remaining work by the planned end."""
@@ -299,9 +375,16 @@ class Controller:
         if g.kind == "deadline":
             return replace(memory, deadline_at_s=snap.started_at_s + float(g.value))
         if g.kind in ("point", "theta", "none"):
-            chosen = self.planner.front_choice(self._planner_input(snap, now, rem), g)
+            # The point is chosen on the front the user saw: the work's point estimate. A
+            # front on the upper value has other candidate makespans (its grid moves with
+            # W), so "point 2" there is another promise. The plans that follow still cover
+            # the upper value, by this deadline.
+            pin = self._planner_input(snap, now, replace(rem, upper_ref_s=rem.point_ref_s))
+            chosen = self.planner.front_choice(pin, g)
             if chosen is not None:
-                return replace(memory, deadline_at_s=now + chosen.makespan_s)
+                return replace(memory, deadline_at_s=now + chosen.makespan_s,
+                               promised_makespan_s=(now - snap.started_at_s) + chosen.makespan_s,
+                               promised_cost_usd=snap.committed_usd + chosen.cost_usd)
         return memory
 
     def _planner_input(self, snap: Snapshot, now: float, rem: RemainingWork):
@@ -311,24 +394,34 @@ class Controller:
             nodes=snap.nodes,
             rem=rem,
             now_s=now,
+            unit_started=self.goal.kind != "budget",
         )
 
-    def _solve(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork, scale: float = 1.0) -> PlanResult:
+    def _solve(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork, scale: float = 1.0,
+               launches: bool = True) -> PlanResult:
         if scale != 1.0:
             rem = replace(rem, upper_ref_s=rem.upper_ref_s * scale, point_ref_s=rem.point_ref_s * scale)
         pin = self._planner_input(snap, now, rem)
+        if not launches:  # the current fleet (and private nodes) only
+            pin = replace(pin, types=tuple(replace(t, limit=0) for t in pin.types))
         if self.goal.kind == "budget":
             # The planner sees existing instances paid up to their current boundary and
             # decides their extensions itself, so it gets the budget minus what is charged,
             # not minus the units already scheduled (that would count them twice).
             budget_left = float(self.goal.value) - snap.committed_usd
-            return self.planner.fastest_within(pin, budget_left, rem.point_ref_s)
+            hint = None
+            if memory.last_plan is not None and memory.last_plan_at_s is not None and self.config.warm_start:
+                # where the last plan ended, from now: the search starts there
+                hint = (memory.last_plan.makespan_s - (now - memory.last_plan_at_s)) * scale
+            return self.planner.fastest_within(pin, budget_left, rem.point_ref_s, hint_s=hint)
         deadline_s = (memory.deadline_at_s or math.inf) - now
         return self.planner.cheapest_by(pin, deadline_s)
 
-    def _status_quo(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork) -> float | None:
-        """Money the fleet as scheduled will still cost, if it finishes the work's upper
-        value by the deadline; None when it would not (or there is no deadline to test)."""
+    def _status_quo(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork,
+                    releases: dict[str, float] | None = None) -> float | None:
+        """Money the fleet as scheduled (or with ``releases`` instead) will still cost, if it
+        finishes the work's upper value by the deadline; None when it would not (or there is
+        no deadline to test)."""
         if self.goal.kind == "budget" or memory.deadline_at_s is None:
             return None
         end = memory.deadline_at_s
@@ -345,12 +438,13 @@ class Controller:
             if n.is_private:
                 capacity += n.slots * n.speed * max(0.0, end - start - allowance)
                 continue
-            if n.release_at_s is None or n.launched_at_s is None:
+            rel = n.release_at_s if releases is None else releases.get(n.id, n.release_at_s)
+            if rel is None or n.launched_at_s is None:
                 return None
-            stop = min(end, n.release_at_s)
+            stop = min(end, rel)
             capacity += n.slots * n.speed * max(0.0, stop - start - allowance)
             t = snap.types[n.type_name]
-            future_usd += t.billing.cost_usd(max(n.release_at_s, now) - n.launched_at_s, t.price_per_hour) - t.billing.cost_usd(
+            future_usd += t.billing.cost_usd(max(rel, now) - n.launched_at_s, t.price_per_hour) - t.billing.cost_usd(
                 now - n.launched_at_s, t.price_per_hour)
         if capacity < rem.upper_ref_s:
             return None
@@ -359,7 +453,9 @@ class Controller:
     def _apply_plan(self, snap: Snapshot, memory: Memory, now: float, result: PlanResult, s: _Scratch) -> Memory:
         plan = result.plan
         margin = self.config.margin_s
-        shorten = dict(memory.shorten_streak)
+        planned_ids = {e.instance_id for e in plan.existing}
+        # a surplus streak ends when a plan no longer proposes it
+        shorten = {k: v for k, v in memory.shorten_streak.items() if k in planned_ids}
         rem_mean = mean_estimate(snap) or 0.0
         by_id = {n.id: n for n in snap.nodes}
         for ext in plan.existing:
@@ -623,6 +719,35 @@ class Controller:
                 copies[r.task_id] = copies.get(r.task_id, 0) + 1
                 s.actions.append(Replicate(r.task_id, SlotRef(node.id, slot), r.attempt + 1, "tail_replication"))
                 break
+
+
+def _match_to_schedule(existing, by_id) -> list:
+    """The plan's releases, dealt to interchangeable instances so that fewest change.
+
+    Instances of one type launched at the same moment are interchangeable to the planner, and
+    it breaks ties between them arbitrarily: one re-plan shortens instance A and keeps B, the
+    next the reverse, and the fleet's schedule flaps without any change of capacity (each
+    flip lengthens at once, while a shortening must persist, so nothing is ever shortened).
+    Within each such group the planned release times are a multiset; the instance scheduled
+    latest gets the latest of them.
+    """
+    groups: dict[tuple, list] = {}
+    for ext in existing:
+        node = by_id.get(ext.instance_id)
+        if node is None or node.is_private:
+            groups.setdefault(("", ext.instance_id), []).append(ext)
+            continue
+        groups.setdefault((node.type_name, node.launched_at_s), []).append(ext)
+    out = []
+    for group in groups.values():
+        if len(group) == 1:
+            out += group
+            continue
+        plans = sorted(group, key=lambda e: (e.release_at_s, e.extra_quanta))
+        nodes = sorted((by_id[e.instance_id] for e in group),
+                       key=lambda n: (n.release_at_s if n.release_at_s is not None else math.inf, n.id))
+        out += [Extension(n.id, e.extra_quanta, e.release_at_s) for n, e in zip(nodes, plans)]
+    return out
 
 
 def _sd_estimate(snap: Snapshot, mean: float) -> float:

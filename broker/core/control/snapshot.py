@@ -156,6 +156,10 @@ class Memory:
     last_plan_at_s: float | None = None
     planned_makespan_s: float | None = None
     planned_cost_usd: float | None = None
+    # What the user was promised: the chosen front point (point/theta/none goals), on the
+    # point estimate of the work, as ``broker plan`` printed it. Reported as the first plan.
+    promised_makespan_s: float | None = None
+    promised_cost_usd: float | None = None
     launch_streak: int = 0  # consecutive ticks proposing a launch
     shorten_streak: Mapping[str, float] = field(default_factory=dict)  # instance -> first proposed at
     budget_stopped: bool = False

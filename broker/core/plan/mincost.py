@@ -27,10 +27,12 @@ Each existing instance likewise needs: d in {0,1} "use the paid time plus v quan
 {0 .. (U_e - 1) d}, f in {0,1} "extend to the horizon", d + f <= 1,
 cap = r_e ((p_e - s_e - g_e) d + q_e v) + r_e (T - s_e - g_e)^+ f.
 
-Tie-break: every new instance-quantum, extension quantum and short-instance quantum also
-costs ``tie_break_usd x (1 + index / (n + 1))`` (index = the type's position in the
-inventory), so among equal-cost plans the solver prefers fewer paid quanta, then types listed
-earlier. The reported cost never includes it.
+Tie-break: every new instance-quantum and short-instance quantum also costs
+``tie_break_usd x (1 + index / (n + 1))`` (index = the type's position in the inventory), and
+an extension quantum half that, so among equal-cost plans the solver prefers fewer paid
+quanta, then extending a running instance over launching an equal new one (which would leave
+the running one to idle out its paid time), then types listed earlier. The reported cost
+never includes it.
 
 Status is read from ``pulp.LpSolution[prob.sol_status]`` (``LpStatus`` says Optimal at a
 time limit): proven optimal -> ``optimal``; stopped with an incumbent -> ``time_limit``; no
@@ -186,7 +188,7 @@ def _solve_ilp(catalogue: Catalogue, work: Work, model_s: float, horizon_s: floa
     for offer in catalogue.new:
         _new_type_terms(prob, offer, T, work, tie(offer.index), cap_terms, cost_terms, readers)
     for k, old in enumerate(catalogue.existing):
-        _existing_terms(prob, k, old, T, tie(catalogue.types.index(old.type)), cap_terms, cost_terms, readers)
+        _existing_terms(prob, k, old, T, 0.5 * tie(catalogue.types.index(old.type)), cap_terms, cost_terms, readers)
     for k, p in enumerate(catalogue.private):
         top = max(0.0, 1.0 - p.start_s / T)
         if top <= 0:

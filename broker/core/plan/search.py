@@ -38,13 +38,18 @@ def min_makespan(
     existing: Sequence[ExistingInstance] = (),
     now_s: float = 0.0,
     options: PlanOptions = PlanOptions(),
+    hint_s: float | None = None,
 ) -> Plan:
     """The fastest plan whose cost (from now on) is within ``budget_usd`` (``math.inf``: the fastest).
+
+    ``hint_s``: where the answer probably is (a re-plan passes what its last plan had
+    left); the search starts there and gallops outwards instead of bracketing the whole
+    range [T_lower, T_sat]. The answer is the same, within ``bisect_tol_s``.
 
     Raises :class:`NoFeasiblePlan` naming the cheapest plan when the budget is below it.
     """
     catalogue = Catalogue.build(types, private, work, existing, now_s, options)
-    return fastest_within(catalogue, work, budget_usd, options)
+    return fastest_within(catalogue, work, budget_usd, options, hint_s=hint_s)
 
 
 def _fits(cost_usd: float, budget_usd: float) -> bool:
@@ -59,7 +64,8 @@ def fastest_horizon(catalogue: Catalogue, work: Work) -> float:
     return max(t_fast * (1 + 1e-9) + 1e-6, 1e-3)
 
 
-def fastest_within(catalogue: Catalogue, work: Work, budget_usd: float, options: PlanOptions) -> Plan:
+def fastest_within(catalogue: Catalogue, work: Work, budget_usd: float, options: PlanOptions,
+                   hint_s: float | None = None) -> Plan:
     if math.isnan(budget_usd) or budget_usd < 0:
         raise ValueError(f"a budget must be >= 0 USD, got {budget_usd!r}")
     t_fast = fastest_horizon(catalogue, work)
@@ -75,18 +81,28 @@ def fastest_within(catalogue: Catalogue, work: Work, budget_usd: float, options:
     if _fits(fastest.cost_usd, budget_usd):
         return dataclasses.replace(fastest, solve_ms=solve_ms)
     t_sat = max(catalogue.saturation_horizon_s(work.total_ref_s), t_fast)
-    cheapest = solve(t_sat)
-    if not _fits(cheapest.cost_usd, budget_usd):
-        cheapest = fastest_within(catalogue, work, cheapest.cost_usd, options)
-        raise NoFeasiblePlan(
-            f"no plan for {work.total_ref_s:.0f} ref-s of work fits a budget of ${budget_usd:.2f}: "
-            f"the cheapest plan costs ${cheapest.cost_usd:.2f} and takes {format_duration(cheapest.makespan_s)}; "
-            f"the fastest takes {format_duration(fastest.makespan_s)} (${fastest.cost_usd:.2f})",
-            cheapest=cheapest,
-            fastest=fastest,
-        )
-    lo_s, hi_s, best = t_fast, t_sat, cheapest  # invariant: MinCost(lo) > B >= MinCost(hi) = cost(best)
     quanta = [o.quantum_s for o in catalogue.new] + [o.quantum_s for o in catalogue.existing]
+
+    def cheapest_or_raise() -> Plan:
+        cheapest = solve(t_sat)
+        if not _fits(cheapest.cost_usd, budget_usd):
+            cheapest = fastest_within(catalogue, work, cheapest.cost_usd, options)
+            raise NoFeasiblePlan(
+                f"no plan for {work.total_ref_s:.0f} ref-s of work fits a budget of ${budget_usd:.2f}: "
+                f"the cheapest plan costs ${cheapest.cost_usd:.2f} and takes "
+                f"{format_duration(cheapest.makespan_s)}; the fastest takes {format_duration(fastest.makespan_s)} "
+                f"(${fastest.cost_usd:.2f})",
+                cheapest=cheapest,
+                fastest=fastest,
+            )
+        return cheapest
+
+    # invariant: MinCost(lo) > B >= MinCost(hi) = cost(best)
+    if hint_s is not None and math.isfinite(hint_s) and t_fast < hint_s < t_sat:
+        lo_s, hi_s, best = _gallop(solve, cheapest_or_raise, budget_usd, hint_s, t_fast, t_sat,
+                                   min(quanta) if quanta else 60.0)
+    else:
+        lo_s, hi_s, best = t_fast, t_sat, cheapest_or_raise()
     if quanta:
         q = min(quanta)
         k_lo, k_hi = math.floor(lo_s / q) + 1, math.ceil(hi_s / q)
@@ -108,6 +124,34 @@ def fastest_within(catalogue: Catalogue, work: Work, budget_usd: float, options:
         else:
             lo_s = mid_s
     return dataclasses.replace(best, solve_ms=solve_ms)
+
+
+def _gallop(solve, cheapest_or_raise, budget_usd: float, hint_s: float, t_fast: float, t_sat: float,
+            step_s: float) -> tuple[float, float, Plan]:
+    """A bracket (lo, hi, plan at hi) around the least feasible horizon, found from a hint:
+    solve at the hint, then step away from it by one quantum, two, four, ... until the
+    answer changes side. A good hint costs two or three solves instead of the log2 of the
+    whole range."""
+    plan = solve(hint_s)
+    if _fits(plan.cost_usd, budget_usd):
+        hi_s, best, step = hint_s, plan, step_s
+        while True:
+            probe = hi_s - step
+            if probe <= t_fast:
+                return t_fast, hi_s, best  # MinCost(t_fast) > B was solved by the caller
+            plan = solve(probe)
+            if not _fits(plan.cost_usd, budget_usd):
+                return probe, hi_s, best
+            hi_s, best, step = probe, plan, 2 * step
+    lo_s, step = hint_s, step_s
+    while True:
+        probe = lo_s + step
+        if probe >= t_sat:
+            return lo_s, t_sat, cheapest_or_raise()
+        plan = solve(probe)
+        if _fits(plan.cost_usd, budget_usd):
+            return lo_s, probe, plan
+        lo_s, step = probe, 2 * step
 
 
 def cheapest_plan(catalogue: Catalogue, work: Work, options: PlanOptions) -> Plan:
