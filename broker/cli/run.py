@@ -56,6 +56,9 @@ def register(subparsers) -> None:
     p.add_argument("--margin", default="2m", metavar="DUR",
                    help="release this long before a billing boundary, in run time (default 2m)")
     p.add_argument("--json-report", action="store_true", help="print the final report as one JSON object")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics while the run lasts "
+                   "(0: any free port, logged as metrics.serving; needs prometheus-client)")
     p.set_defaults(func=run)
 
 
@@ -87,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--time-scale: must be positive, got {scale:g}")
     if not args.dry_run and scale != 1.0:
         raise UsageError("--time-scale is for --dry-run only: a live run is billed in real time")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise UsageError(f"--metrics-port: {args.metrics_port} is not a TCP port (0-65535)")
     if not args.yes and not sys.stdin.isatty():
         raise UsageError("refusing to run without confirmation: standard input is not a terminal, so "
                          "nobody can answer the launch question; pass --yes to launch without asking")
@@ -131,7 +136,7 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
 
     with ExitStack() as stack:
         events = stack.enter_context(open(run_dir / EVENTS_FILE, "a", encoding="utf-8"))
-        configure_logging(level=args.log_level, extra_files=[events])
+        configure_logging(level=args.log_level, extra_files=[events], bind={"run_id": run_id})
         stack.callback(configure_logging, level=args.log_level)  # stop writing to the closed file
         if args.dry_run:
             from broker.shells.moto_world import mock_ec2
@@ -145,6 +150,15 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
         # The run's time starts once the set-up above is done (at K = 1800 a second of moto
         # set-up would be half an hour of billing).
         clock = RunClock(scale)
+        if args.metrics_port is not None:  # before the journal: a port in use leaves no run behind
+            from broker.shells.metrics import MetricsUnavailable, serve_metrics
+
+            try:
+                metrics = serve_metrics(run_dir, args.metrics_port, now_s=clock.epoch_s)
+            except MetricsUnavailable as exc:
+                raise UsageError(str(exc)) from None
+            stack.callback(metrics.close)
+            structlog.get_logger().info("metrics.serving", host=metrics.host, port=metrics.port, url=metrics.url)
         journal = stack.enter_context(Journal.open(run_dir, clock=clock.epoch_s))
         journal.create_run(
             run_id, goal_kind="theta" if goal.kind == "none" else goal.kind,
