@@ -183,6 +183,7 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
             (local.stop(name, client) if node.local else remote.stop(name, client))
 
         printer = _Printer(inventory, len(bag.tasks), args.yes, json_report=args.json_report)
+        printer.budget_usd = goal.value if goal.kind == "budget" else None
         daemon = Daemon(
             inventory, bag, goal,
             DaemonOptions(run_dir=run_dir, run_id=run_id, dry_run=args.dry_run, tick_s=tick_s),
@@ -204,7 +205,9 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
     if args.json_report:
         print(json.dumps(report.to_json()))
     else:
-        print(render_report(report))
+        from broker.cli.report import print_report
+
+        print_report(run_dir)
     if report.stop_reason == "declined":
         return 1
     return 0 if report.tasks_done == report.tasks_total else 1
@@ -219,6 +222,8 @@ class _Printer:
         self.every = max(1, total // 10)
         self.out = sys.stderr if json_report else sys.stdout
         self.plan_shown = False
+        self.width = 0
+        self.budget_usd = None
 
     def show_plan(self, request) -> None:
         from broker.cli.plan import render_table
@@ -254,32 +259,16 @@ class _Printer:
         return answer.strip().lower() in ("y", "yes")
 
     def progress(self, done: int, failed: int, total: int, committed_usd: float) -> None:
-        if done % self.every == 0 or done + failed == total:
-            print(f"progress: {done}/{total} done, {failed} failed, ${committed_usd:.2f} committed",
-                  file=self.out, flush=True)
+        """A bar redrawn in place on a terminal; a plain line every tenth of the bag otherwise.
+        Tasks finished before the first plan are the sampling phase."""
+        from broker.cli.status import progress_text
 
-
-def render_report(report) -> str:
-    """Planned against delivered, as in the thesis's Table 6.6, then the counts."""
-    def row(name: str, planned, delivered, fmt) -> str:
-        dev = report.deviation_pct(delivered, planned)
-        return (f"  {name:<10} {fmt(planned) if planned is not None else '-':>12} {fmt(delivered):>12} "
-                f"{f'{dev:+.1f}%' if dev is not None else '-':>10}")
-
-    lines = [
-        f"run {report.run_id}: {report.state}" + (f" ({report.stop_reason})" if report.stop_reason else ""),
-        f"  {'':<10} {'proposed':>12} {'delivered':>12} {'deviation':>10}",
-        row("makespan", report.planned_makespan_s, report.makespan_s, format_duration),
-        row("cost", report.planned_cost_usd, report.cost_usd, lambda v: f"${v:.2f}"),
-        f"  tasks: {report.tasks_done} done, {report.tasks_failed} failed, "
-        f"{report.tasks_total - report.tasks_done - report.tasks_failed} left of {report.tasks_total}; "
-        f"{report.samples} samples",
-        f"  instances launched: {report.instances_launched}"
-        + ("; budget stop" if report.budget_stopped else ""),
-    ]
-    for name, usd in sorted(report.cost_by_type_usd.items()):
-        lines.append(f"  cost {name}: ${usd:.4f}")
-    if report.time_scale != 1.0:
-        lines.append(f"  (run time at scale {report.time_scale:g}: tasks look {report.time_scale:g}x longer "
-                     "than they ran)")
-    return "\n".join(lines)
+        phase = "running" if self.plan_shown else "sampling"
+        last = done + failed == total
+        if self.out.isatty():
+            text = progress_text(phase, done, failed, total, committed_usd, self.budget_usd)
+            print("\r" + text.ljust(self.width), end="\n" if last else "", file=self.out, flush=True)
+            self.width = len(text)
+        elif done % self.every == 0 or last:
+            print(f"progress: {done}/{total} done, {failed} failed, ${committed_usd:.2f} committed"
+                  + (" (sampling)" if phase == "sampling" else ""), file=self.out, flush=True)

@@ -51,7 +51,7 @@ CATALOGUE: dict[str, EventSpec] = {
         _spec("plan.solved", "a plan was adopted (run) or solved (`broker plan`)",
               run="makespan_s cost_usd fleet cause note",
               tool="policy goal front_points solve_ms",
-              optional="work_ref_s work_upper_ref_s mean_ref_s makespan_low_s makespan_expected_s "
+              optional="work_ref_s work_upper_ref_s mean_ref_s sd_ref_s work_tasks "
                        "makespan_s cost_usd fleet status reason"),
         _spec("instance.launch", "EC2 launched an instance", "instance_id type cause launched_at_s boot_s"),
         _spec("instance.launch_failed", "a launch failed or fell short",

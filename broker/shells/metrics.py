@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from broker.shells.journal import INSTANCE_STATES, TASK_STATES, Journal, JournalNotFound, Overview, RunRecord
+from broker.shells.journal import INSTANCE_STATES, TASK_STATES, Journal, JournalError, Overview, RunRecord
 
 # The controller's default z (ControllerConfig.confidence_z); the interval's level follows.
 CONFIDENCE_Z = 1.645
@@ -171,7 +171,10 @@ class JournalCollector:
 
         try:
             fig = self.read()
-        except JournalNotFound:  # the run has not written its journal yet
+        except JournalError:  # the run has not written its journal yet
+            self.close()  # open it afresh on the next scrape
+            fig = None
+        if fig is None or fig.run is None:
             yield GaugeMetricFamily("broker_run_info", "the run this broker serves (value 1)", labels=["run_id", "state"])
             return
         run, status = fig.run, fig.overview.status
