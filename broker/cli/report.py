@@ -227,14 +227,16 @@ def plot(report: dict[str, Any], run_dir: Path, path: str) -> None:
         raise UsageError("--plot needs matplotlib: pip install 'hybrid-broker[plot]'") from None
     front, note = _first_front(report, run_dir)
     fig, (ax, bars) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [3, 2]})
-    if front:
-        ax.plot([m / 3600 for m, _ in front], [c for _, c in front], "o-", color="tab:blue", label="Pareto front (first plan)")
     planned, delivered = report["planned"], report["delivered"]
+    spans = [m for m, _ in front] + [v for v in (planned["makespan_s"], delivered["makespan_s"]) if v is not None]
+    unit, per = ("hours", 3600.0) if max(spans, default=0.0) >= 7200 else ("minutes", 60.0)
+    if front:
+        ax.plot([m / per for m, _ in front], [c for _, c in front], "o-", color="tab:blue", label="Pareto front (first plan)")
     if planned["makespan_s"] is not None and planned["cost_usd"] is not None:
-        ax.plot([planned["makespan_s"] / 3600], [planned["cost_usd"]], "r*", markersize=16, label="proposed")
+        ax.plot([planned["makespan_s"] / per], [planned["cost_usd"]], "r*", markersize=16, label="proposed")
     if delivered["makespan_s"] is not None:
-        ax.plot([delivered["makespan_s"] / 3600], [delivered["cost_usd"]], "gD", markersize=10, label="delivered")
-    ax.set_xlabel("makespan (hours, run time)")
+        ax.plot([delivered["makespan_s"] / per], [delivered["cost_usd"]], "gD", markersize=10, label="delivered")
+    ax.set_xlabel(f"makespan ({unit}, run time)")
     ax.set_ylabel("cost (USD)")
     ax.set_title(f"run {report['run_id']}" + (f"\n{note}" if note else ""), fontsize=9)
     ax.grid(True, alpha=0.3)
