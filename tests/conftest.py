@@ -3,7 +3,7 @@
 import pytest
 import structlog
 
-pytest_plugins = ["tests.sshd_fixtures"]
+pytest_plugins = ["tests.sshd_fixtures", "tests.run_fixtures"]
 
 
 @pytest.fixture(autouse=True)

@@ -81,6 +81,9 @@ def register(subparsers) -> None:
                    help="on Ctrl-C or SIGTERM: 'release' (default) cancels running tasks, releases every "
                    "instance and ends the run; 'leave' keeps instances, agents and their tasks running so "
                    "that `broker run` on the same --run-dir resumes (or `broker down` releases them)")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics while the run lasts "
+                   "(0: any free port, logged as metrics.serving; needs prometheus-client)")
     p.set_defaults(func=run)
 
 
@@ -112,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--time-scale: must be positive, got {scale:g}")
     if not args.dry_run and scale != 1.0:
         raise UsageError("--time-scale is for --dry-run only: a live run is billed in real time")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise UsageError(f"--metrics-port: {args.metrics_port} is not a TCP port (0-65535)")
     if not args.yes and not sys.stdin.isatty():
         raise UsageError("refusing to run without confirmation: standard input is not a terminal, so "
                          "nobody can answer the launch question; pass --yes to launch without asking")
@@ -216,7 +221,7 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
     state = {"left": False}
     with ExitStack() as stack:
         events = stack.enter_context(open(run_dir / EVENTS_FILE, "a", encoding="utf-8"))
-        configure_logging(level=args.log_level, extra_files=[events])
+        configure_logging(level=args.log_level, extra_files=[events], bind={"run_id": run_id})
         stack.callback(configure_logging, level=args.log_level)  # stop writing to the closed file
         if args.dry_run:
             from broker.shells.moto_world import dry_run_ec2, stop_moto_server
@@ -243,9 +248,22 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
             # The run's time starts once the set-up above is done (at K = 1800 a second of moto
             # set-up would be half an hour of billing).
             clock = RunClock(scale)
-            journal = stack.enter_context(Journal.open(run_dir, clock=clock.epoch_s))
-            if crash is not None:
-                journal = CrashingJournal(journal, crash)
+        else:
+            with Journal.open(run_dir, readonly=True) as probe:
+                clock = _resume_clock(resume, scale, probe.latest_time_s())
+        if args.metrics_port is not None:  # before the journal: a port in use leaves no run behind
+            from broker.shells.metrics import MetricsUnavailable, serve_metrics
+
+            try:
+                metrics = serve_metrics(run_dir, args.metrics_port, now_s=clock.epoch_s)
+            except MetricsUnavailable as exc:
+                raise UsageError(str(exc)) from None
+            stack.callback(metrics.close)
+            structlog.get_logger().info("metrics.serving", host=metrics.host, port=metrics.port, url=metrics.url)
+        journal = stack.enter_context(Journal.open(run_dir, clock=clock.epoch_s))
+        if crash is not None:
+            journal = CrashingJournal(journal, crash)
+        if resume is None:
             journal.create_run(
                 run_id, goal_kind="theta" if goal.kind == "none" else goal.kind,
                 goal_value=1.0 if goal.kind == "none" else goal.value,
@@ -257,12 +275,6 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
                 at_s=clock.epoch_s(),
             )
             journal.add_tasks(bag.tasks)
-        else:
-            with Journal.open(run_dir, readonly=True) as probe:
-                clock = _resume_clock(resume, scale, probe.latest_time_s())
-            journal = stack.enter_context(Journal.open(run_dir, clock=clock.epoch_s))
-            if crash is not None:
-                journal = CrashingJournal(journal, crash)
         inbox: queue.Queue = queue.Queue()
         local = LocalAgents(run_dir, inbox)
         remote = SshAgents(run_id, inbox)
@@ -290,6 +302,7 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
             (local.stop(name, client) if node.local else remote.stop(name, client))
 
         printer = _Printer(inventory, len(bag.tasks), args.yes, json_report=args.json_report)
+        printer.budget_usd = goal.value if goal.kind == "budget" else None
         daemon = Daemon(
             inventory, bag, goal,
             DaemonOptions(run_dir=run_dir, run_id=run_id, dry_run=args.dry_run, tick_s=tick_s,
@@ -319,7 +332,9 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
     if args.json_report:
         print(json.dumps(report.to_json()))
     else:
-        print(render_report(report))
+        from broker.cli.report import print_report
+
+        print_report(run_dir)
     if report.stop_reason == "declined":
         return 1
     return 0 if report.tasks_done == report.tasks_total else 1
@@ -397,6 +412,8 @@ class _Printer:
         self.every = max(1, total // 10)
         self.out = sys.stderr if json_report else sys.stdout
         self.plan_shown = False
+        self.width = 0
+        self.budget_usd = None
 
     def show_plan(self, request) -> None:
         from broker.cli.plan import render_table
@@ -432,32 +449,16 @@ class _Printer:
         return answer.strip().lower() in ("y", "yes")
 
     def progress(self, done: int, failed: int, total: int, committed_usd: float) -> None:
-        if done % self.every == 0 or done + failed == total:
-            print(f"progress: {done}/{total} done, {failed} failed, ${committed_usd:.2f} committed",
-                  file=self.out, flush=True)
+        """A bar redrawn in place on a terminal; a plain line every tenth of the bag otherwise.
+        Tasks finished before the first plan are the sampling phase."""
+        from broker.cli.status import progress_text
 
-
-def render_report(report) -> str:
-    """Planned against delivered, as in the thesis's Table 6.6, then the counts."""
-    def row(name: str, planned, delivered, fmt) -> str:
-        dev = report.deviation_pct(delivered, planned)
-        return (f"  {name:<10} {fmt(planned) if planned is not None else '-':>12} {fmt(delivered):>12} "
-                f"{f'{dev:+.1f}%' if dev is not None else '-':>10}")
-
-    lines = [
-        f"run {report.run_id}: {report.state}" + (f" ({report.stop_reason})" if report.stop_reason else ""),
-        f"  {'':<10} {'proposed':>12} {'delivered':>12} {'deviation':>10}",
-        row("makespan", report.planned_makespan_s, report.makespan_s, format_duration),
-        row("cost", report.planned_cost_usd, report.cost_usd, lambda v: f"${v:.2f}"),
-        f"  tasks: {report.tasks_done} done, {report.tasks_failed} failed, "
-        f"{report.tasks_total - report.tasks_done - report.tasks_failed} left of {report.tasks_total}; "
-        f"{report.samples} samples",
-        f"  instances launched: {report.instances_launched}"
-        + ("; budget stop" if report.budget_stopped else ""),
-    ]
-    for name, usd in sorted(report.cost_by_type_usd.items()):
-        lines.append(f"  cost {name}: ${usd:.4f}")
-    if report.time_scale != 1.0:
-        lines.append(f"  (run time at scale {report.time_scale:g}: tasks look {report.time_scale:g}x longer "
-                     "than they ran)")
-    return "\n".join(lines)
+        phase = "running" if self.plan_shown else "sampling"
+        last = done + failed == total
+        if self.out.isatty():
+            text = progress_text(phase, done, failed, total, committed_usd, self.budget_usd)
+            print("\r" + text.ljust(self.width), end="\n" if last else "", file=self.out, flush=True)
+            self.width = len(text)
+        elif done % self.every == 0 or last:
+            print(f"progress: {done}/{total} done, {failed} failed, ${committed_usd:.2f} committed"
+                  + (" (sampling)" if phase == "sampling" else ""), file=self.out, flush=True)

@@ -142,6 +142,14 @@ def render(overview: Overview, run_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def progress_text(phase: str, done: int, failed: int, total: int, committed_usd: float,
+                  budget_usd: float | None = None) -> str:
+    """One progress line with a bar (``broker run`` on a terminal)."""
+    spend = f"${committed_usd:.2f}" + (f" of ${budget_usd:.2f}" if budget_usd is not None else "")
+    return (f"{phase:<8} {_bar(done, total)} {done}/{total} done"
+            + (f", {failed} failed" if failed else "") + f", {spend} committed")
+
+
 def _bar(done: int, total: int) -> str:
     filled = _BAR_WIDTH * done // total if total else 0
     return "[" + "#" * filled + "." * (_BAR_WIDTH - filled) + "]"

@@ -661,8 +661,12 @@ class Daemon:
         fleet = {k: v for k, v in plan.fleet.items() if v}
         causes = [a.cause for a in decision.actions if isinstance(a, (Launch, ScheduleRelease, StopForBudget))]
         cause = causes[0] if causes else "replan"
+        rem = decision.remaining  # the work the plan covers: its point and upper values (for metrics' interval)
+        work = {} if rem is None else {"work_ref_s": round(rem.point_ref_s, 3),
+                                       "work_upper_ref_s": round(rem.upper_ref_s, 3), "mean_ref_s": round(rem.mean_ref_s, 3),
+                                       "sd_ref_s": round(rem.sd_ref_s, 3), "work_tasks": rem.pending + rem.running}
         self._emit("plan.solved", makespan_s=_round(mem.planned_makespan_s, 3), cost_usd=_round(mem.planned_cost_usd, 6),
-                   fleet=fleet, cause=cause, note=mem.last_note)
+                   fleet=fleet, cause=cause, note=mem.last_note, **work)
         self.journal.record_plan(makespan_s=mem.planned_makespan_s, cost_usd=mem.planned_cost_usd, fleet=fleet,
                                  chosen=plan.row(), reason=mem.last_note or cause, at_s=self.clock.epoch_s())
         if self.first_plan is None:

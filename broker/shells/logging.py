@@ -74,11 +74,13 @@ def configure_logging(
     stream: TextIO | None = None,
     json: bool | None = None,
     extra_files: list[TextIO] | None = None,
+    bind: dict[str, Any] | None = None,
 ) -> None:
     """Route structlog (and stdlib logging, e.g. APScheduler's tracebacks) to ``stream``.
 
     ``json=None`` picks JSON unless ``stream`` is a terminal. ``extra_files`` receive the
-    same events as JSON lines (the run directory's ``events.jsonl``).
+    same events as JSON lines (the run directory's ``events.jsonl``). ``bind`` adds its keys
+    to every event from every thread (``run_id`` during a run), unless the event has them.
     """
     stream = stream or sys.stderr
     register_secrets_in(os.environ)
@@ -89,6 +91,15 @@ def configure_logging(
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
+    if bind:
+        context = dict(bind)
+
+        def add_context(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+            for key, value in context.items():
+                event.setdefault(key, value)
+            return event
+
+        shared.insert(0, add_context)
     renderer: Any = (
         structlog.processors.JSONRenderer(sort_keys=False)
         if json

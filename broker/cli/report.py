@@ -1,0 +1,292 @@
+"""``broker report RUN_DIR [--json] [--plot FILE.png]``: what a run delivered against its plan.
+
+Read from the run directory alone (the journal, read-only), so it works for a finished run,
+a stopped one, and one still running (figures so far). ``broker run`` prints the same report
+when it ends.
+
+- proposed vs delivered makespan and cost with the deviation, as in the thesis's Table 6.6
+  (proposed: the first plan adopted, the one the user confirmed; delivered: the last task's
+  end and the committed spend);
+- cost per instance type, and the private nodes' cost;
+- utilization per type: busy slot-time over the slot-time instances were up (launch to
+  termination), private nodes from joining to the run's end;
+- tasks done, failed (each with the error of every attempt) and left; samples used;
+- ``--json``: one JSON object (shape in :func:`build`); ``--plot``: the first plan's Pareto
+  front (re-solved from the run's inventory), the proposed and the delivered points, and the
+  utilization per type (matplotlib, ``pip install 'hybrid-broker[plot]'``).
+
+All times are run time (at a dry run's time scale K, tasks look K times longer than they ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from broker.cli import UsageError
+from broker.config.durations import format_duration
+from broker.shells.journal import JOURNAL_FILE, Journal, JournalError
+from broker.shells.metrics import anchor_s, figures, run_now_s
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "report",
+        help="proposed vs delivered makespan and cost, cost and utilization per type, failures",
+        description="Report what a run delivered against its plan, from its run directory (read-only).",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (holds journal.sqlite)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the front, the proposed and delivered points, and "
+                   "utilization per type (matplotlib)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    try:
+        journal = Journal.open(run_dir, readonly=True)
+    except JournalError as exc:
+        raise UsageError(str(exc)) from None
+    with journal:
+        report = build(journal, run_dir)
+    if report is None:
+        raise UsageError(f"{run_dir / JOURNAL_FILE} holds no run yet")
+    if args.plot:
+        plot(report, run_dir, args.plot)
+    print(json.dumps(report) if args.json else render(report))
+    return 0
+
+
+def deviation_pct(delivered: float | None, planned: float | None) -> float | None:
+    if delivered is None or planned is None or planned <= 0:
+        return None
+    return round(100.0 * (delivered - planned) / planned, 2)
+
+
+def build(journal: Journal, run_dir: Path, now_s: float | None = None) -> dict[str, Any] | None:
+    """The report as a JSON-ready dict; None when the journal holds no run."""
+    record = journal.run()
+    if record is None:
+        return None
+    now = now_s if now_s is not None else run_now_s(record, time.time())
+    fig = figures(journal, now)
+    start = anchor_s(record)
+    end = record.ended_at_s if record.ended_at_s is not None else now
+    status = fig.overview.status
+    done_events = journal.events("run.done")
+    first_plans = journal.events("plan.solved")
+    first = first_plans[0][2] if first_plans else {}
+    planned = {"makespan_s": first.get("makespan_s"), "cost_usd": first.get("cost_usd")}
+    if done_events:
+        last = done_events[-1][2]
+        delivered = {"makespan_s": last["makespan_s"], "cost_usd": last["cost_usd"]}
+    else:  # still running, or killed: the last successful attempt's end and the spend so far
+        delivered = {"makespan_s": _last_done_s(run_dir, start), "cost_usd": round(status["committed_usd"], 6)}
+    by_type: dict[str, float] = defaultdict(float)
+    for inst in fig.overview.fleet:
+        by_type[inst.type_name] += inst.committed_usd(end)
+    private_usd = journal.committed_usd(end) - sum(by_type.values())
+    failed = [{"task": task, "attempts": len(errors), "errors": errors} for task, errors in sorted(fig.failures.items())]
+    for row in _noted_failures(run_dir):  # failed without a task.failed event (e.g. its node was lost)
+        if row["task"] not in fig.failures:
+            failed.append(row)
+    stops = journal.events("run.stop")
+    budget_stops = journal.events("budget.stop")
+    stop_reason = stops[0][2].get("reason") if stops else ("budget_stop" if budget_stops else None)
+    tasks = status["tasks"]
+    return {
+        "run_id": record.id,
+        "state": record.state,
+        "stop_reason": stop_reason,
+        "goal": {"kind": record.goal_kind, "value": record.goal_value},
+        "tasks": {"total": tasks["total"], "done": tasks["done"], "failed": tasks["failed"], "left": tasks["left"]},
+        "samples": fig.samples,
+        "instances_launched": len(fig.overview.fleet),
+        "planned": planned,
+        "delivered": delivered,
+        "deviation_pct": {
+            "makespan": deviation_pct(delivered["makespan_s"], planned["makespan_s"]),
+            "cost": deviation_pct(delivered["cost_usd"], planned["cost_usd"]),
+        },
+        "cost_by_type_usd": {k: round(v, 6) for k, v in sorted(by_type.items())},
+        "private_cost_usd": round(max(private_usd, 0.0), 6),
+        "utilization_by_type": utilization(run_dir, journal, end),
+        "failed_tasks": failed,
+        "time_scale": float(record.options.get("time_scale", 1.0)),
+        "budget_stopped": bool(budget_stops),
+        "first_plan": first,
+        "inventory_path": record.inventory_path,
+    }
+
+
+def _db(run_dir: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{(run_dir / JOURNAL_FILE).resolve().as_posix()}?mode=ro", uri=True)
+
+
+def _last_done_s(run_dir: Path, start_s: float) -> float | None:
+    db = _db(run_dir)
+    try:
+        (last,) = db.execute("SELECT max(ended_at) FROM attempts WHERE outcome = 'ok'").fetchone()
+    finally:
+        db.close()
+    return None if last is None else round(last - start_s, 3)
+
+
+def _noted_failures(run_dir: Path) -> list[dict[str, Any]]:
+    db = _db(run_dir)
+    try:
+        rows = db.execute("SELECT id, failures, note FROM tasks WHERE state IN ('failed', 'quarantined')"
+                          " ORDER BY rowid").fetchall()
+    finally:
+        db.close()
+    return [{"task": t, "attempts": n, "errors": [note or "no error recorded"]} for t, n, note in rows]
+
+
+def utilization(run_dir: Path, journal: Journal, end_s: float) -> dict[str, float]:
+    """Busy slot-time over up slot-time, per instance type (and ``private`` for owned nodes)."""
+    slots = {f["instance_id"]: f["slots"] for _, _, f in journal.events("instance.ready")}
+    type_slots = {}
+    node_type: dict[str, str] = {}
+    up: dict[str, float] = defaultdict(float)
+    for inst in journal.instances(end_s):
+        node_type[inst.id] = inst.type_name
+        n = slots.get(inst.id)
+        if n is not None:
+            type_slots[inst.type_name] = n
+    for inst in journal.instances(end_s):
+        n = slots.get(inst.id, type_slots.get(inst.type_name))
+        if n is not None:
+            stop = inst.terminated_at_s if inst.terminated_at_s is not None else end_s
+            up[inst.type_name] += n * max(0.0, stop - inst.launched_at_s)
+    db = _db(run_dir)
+    try:
+        for name, n, joined in db.execute("SELECT name, slots, joined_at FROM private_nodes"):
+            node_type[name] = "private"
+            up["private"] += n * max(0.0, end_s - joined)
+        busy: dict[str, float] = defaultdict(float)
+        for node, started, ended in db.execute(
+            "SELECT node, started_at, coalesce(ended_at, ?) FROM attempts WHERE started_at IS NOT NULL", (end_s,)
+        ):
+            kind = node_type.get(node)
+            if kind is not None:
+                busy[kind] += max(0.0, min(ended, end_s) - started)
+    finally:
+        db.close()
+    return {k: round(min(busy[k] / up[k], 1.0), 4) for k in sorted(up) if up[k] > 0}
+
+
+def render(report: dict[str, Any]) -> str:
+    """Planned against delivered (thesis Table 6.6 style), then costs, utilization, tasks."""
+    def row(name: str, key: str, fmt) -> str:
+        p, d = report["planned"][key], report["delivered"][key]
+        dev = report["deviation_pct"]["makespan" if key == "makespan_s" else "cost"]
+        return (f"  {name:<10} {fmt(p) if p is not None else '-':>12} {fmt(d) if d is not None else '-':>12} "
+                f"{f'{dev:+.1f}%' if dev is not None else '-':>10}")
+
+    tasks = report["tasks"]
+    lines = [
+        f"run {report['run_id']}: {report['state']}" + (f" ({report['stop_reason']})" if report["stop_reason"] else ""),
+        f"  {'':<10} {'proposed':>12} {'delivered':>12} {'deviation':>10}",
+        row("makespan", "makespan_s", format_duration),
+        row("cost", "cost_usd", lambda v: f"${v:.2f}"),
+        f"  tasks: {tasks['done']} done, {tasks['failed']} failed, {tasks['left']} left of {tasks['total']}; "
+        f"{report['samples']} samples",
+        f"  instances launched: {report['instances_launched']}"
+        + ("; budget stop" if report["budget_stopped"] else ""),
+    ]
+    for name, usd in report["cost_by_type_usd"].items():
+        util = report["utilization_by_type"].get(name)
+        lines.append(f"  cost {name}: ${usd:.4f}" + (f", utilization {100 * util:.0f}%" if util is not None else ""))
+    if report["private_cost_usd"] > 0 or "private" in report["utilization_by_type"]:
+        util = report["utilization_by_type"].get("private")
+        lines.append(f"  private nodes: ${report['private_cost_usd']:.4f}"
+                     + (f", utilization {100 * util:.0f}%" if util is not None else ""))
+    for f in report["failed_tasks"]:
+        lines.append(f"  failed {f['task']} after {f['attempts']} attempt{'s' if f['attempts'] != 1 else ''}: "
+                     f"{f['errors'][-1]}")
+    if report["time_scale"] != 1.0:
+        scale = report["time_scale"]
+        lines.append(f"  (run time at scale {scale:g}: tasks look {scale:g}x longer than they ran)")
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], run_dir: Path, path: str) -> None:
+    """The first plan's front with the proposed and delivered points, and utilization per type."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'hybrid-broker[plot]'") from None
+    front, note = _first_front(report, run_dir)
+    fig, (ax, bars) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [3, 2]})
+    planned, delivered = report["planned"], report["delivered"]
+    spans = [m for m, _ in front] + [v for v in (planned["makespan_s"], delivered["makespan_s"]) if v is not None]
+    unit, per = ("hours", 3600.0) if max(spans, default=0.0) >= 7200 else ("minutes", 60.0)
+    if front:
+        ax.plot([m / per for m, _ in front], [c for _, c in front], "o-", color="tab:blue", label="Pareto front (first plan)")
+    if planned["makespan_s"] is not None and planned["cost_usd"] is not None:
+        ax.plot([planned["makespan_s"] / per], [planned["cost_usd"]], "r*", markersize=16, label="proposed")
+    if delivered["makespan_s"] is not None:
+        ax.plot([delivered["makespan_s"] / per], [delivered["cost_usd"]], "gD", markersize=10, label="delivered")
+    ax.set_xlabel(f"makespan ({unit}, run time)")
+    ax.set_ylabel("cost (USD)")
+    ax.set_title(f"run {report['run_id']}" + (f"\n{note}" if note else ""), fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    util = report["utilization_by_type"]
+    names = list(util)
+    bars.bar(range(len(names)), [100 * util[n] for n in names], color="tab:orange")
+    bars.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    bars.set_ylim(0, 100)
+    bars.set_ylabel("utilization (% of slot-time up)")
+    bars.set_title("per type", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _first_front(report: dict[str, Any], run_dir: Path) -> tuple[list[tuple[float, float]], str | None]:
+    """The front the first plan chose from, shifted to the run's start; ([], why) when it cannot be re-solved."""
+    first = report["first_plan"]
+    if "work_upper_ref_s" not in first or "work_tasks" not in first:
+        return [], "front not drawn: the run's plan events lack its work"
+    inventory_path = report["inventory_path"]
+    db = _db(run_dir)
+    try:
+        row = db.execute("SELECT chosen FROM plans ORDER BY seq LIMIT 1").fetchone()
+    finally:
+        db.close()
+    if row is None:
+        return [], "front not drawn: no plan recorded"
+    chosen_row = json.loads(row[0])
+    if not inventory_path or not Path(inventory_path).is_file():
+        return [], f"front not drawn: inventory {inventory_path} not found"
+    from broker.config.inventory import load_inventory
+    from broker.core.plan import NoFeasiblePlan, Work, pareto_front
+
+    inventory = load_inventory(inventory_path)
+    work = Work(total_ref_s=max(first["work_upper_ref_s"], 1e-6), tasks=max(first["work_tasks"], 1),
+                mean_ref_s=first["mean_ref_s"], sd_ref_s=first.get("sd_ref_s"))
+    try:
+        front = pareto_front(inventory.types, inventory.private, work)
+    except NoFeasiblePlan:
+        return [], "front not drawn: no feasible plan when re-solved"
+    dm = first["makespan_s"] - chosen_row["makespan_s"]  # time elapsed before the plan
+    dc = first["cost_usd"] - chosen_row["cost_usd"]  # spend committed before the plan
+    return [(p.makespan_s + dm, p.cost_usd + dc) for p in front], None
+
+
+def print_report(run_dir: Path) -> None:
+    """Print a run directory's report (what ``broker run`` shows when it ends)."""
+    with Journal.open(run_dir, readonly=True) as journal:
+        report = build(journal, run_dir)
+    if report is not None:
+        print(render(report), flush=True)

@@ -1,0 +1,79 @@
+"""Plots are real PNG images: ``broker plan --plot`` (the front and the chosen point) and
+``broker report --plot`` (adds the delivered point and utilization per type); without
+matplotlib both refuse with the extra to install."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+from broker.cli import main
+from broker.cli.report import _first_front, build
+from broker.shells.journal import Journal
+
+REPO = Path(__file__).resolve().parent.parent
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC, f"{path} is not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def journal_plan_made_s(run_dir: Path) -> float:
+    """Run time at which the first plan was recorded."""
+    db = sqlite3.connect(f"file:{run_dir / 'journal.sqlite'}?mode=ro", uri=True)
+    try:
+        made = db.execute("SELECT created_at FROM plans ORDER BY seq LIMIT 1").fetchone()[0]
+        options = json.loads(db.execute("SELECT options FROM run").fetchone()[0])
+    finally:
+        db.close()
+    return made - options["epoch_anchor_s"]
+
+
+def test_plan_plot_is_a_png_of_the_expected_size(tmp_path, capsys):
+    png = tmp_path / "front.png"
+    rc = main(["plan", "--inventory", str(REPO / "examples" / "thesis-catalogue.yaml"), "--tasks", "2000",
+               "--mean-runtime", "17m", "--deadline", "2d", "--plot", str(png)])
+    assert rc == 0, capsys.readouterr().err
+    assert png_size(png) == (600, 400)
+    assert png.stat().st_size > 10_000  # axes, a line, markers and a legend, not an empty canvas
+
+
+def test_report_plot_is_a_png_with_the_front_re_solved(observed_dry_run, tmp_path, capsys):
+    png = tmp_path / "report.png"
+    assert main(["report", str(observed_dry_run.run_dir), "--plot", str(png)]) == 0
+    assert png_size(png) == (1000, 400)
+    assert png.stat().st_size > 15_000
+    with Journal.open(observed_dry_run.run_dir, readonly=True) as journal:
+        report = build(journal, observed_dry_run.run_dir)
+    front, note = _first_front(report, observed_dry_run.run_dir)
+    assert note is None and len(front) >= 2
+    # Shifted to the run's start: every point ends after the first plan was made (after sampling).
+    made_s = journal_plan_made_s(observed_dry_run.run_dir)
+    assert made_s > 0
+    assert all(m > made_s and c >= 0 for m, c in front)
+    missing = dict(report, inventory_path=str(tmp_path / "gone.yaml"))
+    assert _first_front(missing, observed_dry_run.run_dir) == ([], f"front not drawn: inventory {tmp_path / 'gone.yaml'} not found")
+
+
+@pytest.mark.parametrize("command", ["plan", "report"])
+def test_without_matplotlib_the_plot_is_refused_with_the_extra_to_install(command, observed_dry_run, tmp_path,
+                                                                         monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    png = tmp_path / "x.png"
+    if command == "plan":
+        argv = ["plan", "--inventory", str(REPO / "examples" / "thesis-catalogue.yaml"), "--tasks", "100",
+                "--mean-runtime", "5m", "--theta", "1", "--plot", str(png)]
+    else:
+        argv = ["report", str(observed_dry_run.run_dir), "--plot", str(png)]
+    assert main(argv) == 2
+    assert "--plot needs matplotlib: pip install 'hybrid-broker[plot]'" in capsys.readouterr().err
+    assert not png.exists()
