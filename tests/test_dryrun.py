@@ -170,7 +170,9 @@ def test_release_is_timed_to_the_billing_boundary_in_scaled_time(tmp_path, run_d
     """Only EC2 capacity, a budget of exactly one hourly unit and more work than it buys: the
     instance must be terminated by its timer at paid-until minus the margin, not later."""
     (tmp_path / "inv.yaml").write_text(BOUNDARY_INVENTORY)
-    rows = ["id,command,estimate_user"] + [f"t{i:02d},sleep 0.3,500" for i in range(20)]
+    # Each task sleeps 0.3 wall s = 540 run s; the estimate (700) covers that plus a loaded
+    # machine's delays, so "nothing killed by the release" tests the fit rule, not the load.
+    rows = ["id,command,estimate_user"] + [f"t{i:02d},sleep 0.3,700" for i in range(20)]
     (tmp_path / "tasks.csv").write_text("\n".join(rows) + "\n")
     (tmp_path / "bag.yaml").write_text("csv: tasks.csv\ntimeout: 30s\nretries: 0\n")
     scale, margin_s = 1800.0, 300.0
