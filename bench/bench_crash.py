@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # the broker and the tests' helpers
 
 INVENTORY = """\
 private:
@@ -219,18 +221,10 @@ def _committed(run_dir: Path) -> float:
 
 
 def agent_pids(run_dir: Path) -> list[int]:
-    marker = str(run_dir).encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if marker in cmdline and b"agent.py" in cmdline:
-            pids.append(int(entry.name))
-    return pids
+    """The run's agent processes still alive (the tests' own helper, shared)."""
+    from tests.test_dryrun import agent_pids as pids_of
+
+    return pids_of(run_dir)
 
 
 def _alive_in_moto(run_dir: Path, run_id: str) -> int:

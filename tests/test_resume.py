@@ -21,23 +21,10 @@ import pytest
 from broker.shells.moto_world import DEFAULT_REGION, fake_aws_environment, find_moto_server, server_client
 from tests.test_dryrun import REPO, agent_pids, query
 
-INVENTORY = """\
-private:
-  - name: local
-    local: true
-    slots: 1
-    speed: 1.0
-aws:
-  region: us-east-1
-  billing: hourly
-  types:
-    - name: c5.large
-      slots: 2
-      speed: 1.0
-      price: 0.085
-      limit: 3
-      boot: 3s
-"""
+sys.path.insert(0, str(REPO / "bench"))
+import bench_crash  # noqa: E402
+
+INVENTORY = bench_crash.INVENTORY  # one instance type, one local slot: the crash chains' too
 
 BAG = """\
 command: "python3 -c 'import time; time.sleep({t}); print({k})'"
