@@ -51,8 +51,19 @@ def read_env_file(path: Path = ENV_FILE) -> dict[str, str]:
             continue
         key, sep, value = line.partition("=")
         assert sep and re.fullmatch(r"[A-Z_][A-Z0-9_]*", key), f"{path.name}:{number}: not KEY=value: {line!r}"
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]  # systemd, like the shell, drops the quotes
         env[key] = value
     return env
+
+
+def test_env_file_sources_in_a_shell_to_the_values_systemd_reads() -> None:
+    """The README sources it (set -a; . broker.env) to run broker commands as the service does."""
+    script = f"set -a; . {shlex.quote(str(ENV_FILE))}; set +a; env -0"
+    shell = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60, env={})
+    assert shell.returncode == 0, shell.stderr
+    sourced = dict(item.split("=", 1) for item in shell.stdout.split("\0") if "=" in item)
+    assert {k: sourced.get(k) for k in read_env_file()} == read_env_file()
 
 
 def expand_exec(command: str, env: dict[str, str]) -> list[str]:
@@ -332,6 +343,8 @@ def test_every_broker_command_in_the_readme_deploy_section_parses() -> None:
         except SystemExit as exc:  # argparse's way of refusing
             raise AssertionError(f"README Deploy: `{shlex.join(words)}` does not parse") from exc
         assert args.command == words[1]
+        if args.command in ("run", "plan"):
+            assert goal_from_args(args) is not None, f"`{shlex.join(words)}` names no goal"
 
 
 def test_readme_command_extraction_can_fail() -> None:
