@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import configparser
+import os
 import re
 import shlex
 import shutil
@@ -357,3 +358,65 @@ def test_readme_tag_filter_names_the_real_run_tag() -> None:
     from broker.shells.aws import RUN_TAG
 
     assert f"Name=tag:{RUN_TAG},Values=" in deploy_section()
+
+
+# -- user-data, run for real as at first boot ------------------------------------------------
+# In a private mount namespace: /etc is a private copy, /home, /opt, /var/lib and /var/log are
+# empty tmpfs, /dev/console is a file of the test's. Each is checked to be private before the
+# script runs, so nothing outside the namespace can be changed. Needs root (CI runs as root
+# in its container); elsewhere the test is skipped with the reason, and under CI=true it fails.
+_FIRST_BOOT = r"""
+set -eu
+work=$1; user_data=$2; default_user=$3
+mkdir -p "$work/etc"
+cp -a /etc/. "$work/etc/"
+touch "$work/etc/.broker-test-private" "$work/console"
+mount --bind "$work/etc" /etc
+for dir in /home /opt /var/lib /var/log; do mount -t tmpfs tmpfs "$dir"; done
+mount --bind "$work/console" /dev/console
+[ -e /etc/.broker-test-private ] || { echo "refusing: /etc is not the private copy" >&2; exit 97; }
+for dir in /home /opt /var/lib /var/log /dev/console; do
+    mountpoint -q "$dir" || { echo "refusing: $dir is not private" >&2; exit 97; }
+done
+# The stock AMI: host keys, and the default user with the launch key pair (cloud-init's doing).
+ls /etc/ssh/ssh_host_*_key.pub >/dev/null 2>&1 || ssh-keygen -A >/dev/null
+useradd --create-home "$default_user"
+install -d -m 700 -o "$default_user" -g "$default_user" "/home/$default_user/.ssh"
+echo "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBrokerTestLaunchKeyPair launch-key" > "/home/$default_user/.ssh/authorized_keys"
+bash "$user_data" > "$work/stdout" 2> "$work/stderr"
+echo "passwd: $(getent passwd broker)"
+echo "agent_dir: $(stat -c '%U %a' /opt/broker-agent) outputs: $(stat -c '%U %a' /opt/broker-agent/outputs)"
+echo "ssh: $(stat -c '%U %a' /home/broker/.ssh) keys: $(stat -c '%U %a' /home/broker/.ssh/authorized_keys)"
+echo "authorized: $(cat /home/broker/.ssh/authorized_keys)"
+echo "ready: $(tr '\n' ' ' < /var/lib/broker/ready)"
+"""
+
+
+@pytest.mark.parametrize("default_user", ["ec2-user", "ubuntu"])  # Amazon Linux 2023, Ubuntu
+def test_user_data_prepares_a_stock_machine_and_its_console(tmp_path, default_user) -> None:
+    unshare = shutil.which("unshare")
+    why = None
+    if unshare is None:
+        why = "no unshare(1)"
+    elif os.geteuid() != 0:
+        why = "useradd and mounts need root"
+    if why is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run user-data as at first boot, but cannot: {why}")
+        pytest.skip(f"user-data not run as at first boot: {why}")
+    done = subprocess.run([unshare, "--mount", "--propagation", "private", "sh", "-c", _FIRST_BOOT, "sh",
+                           str(tmp_path), str(USER_DATA), default_user],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{done.stderr}\n{(tmp_path / 'stderr').read_text() if (tmp_path / 'stderr').exists() else ''}"
+    facts = dict(line.split(": ", 1) for line in done.stdout.splitlines())
+    assert facts["passwd"].startswith("broker:") and facts["passwd"].endswith(":/home/broker:/bin/bash")
+    assert facts["agent_dir"] == "broker 755 outputs: broker 755"
+    assert facts["ssh"] == "broker 700 keys: broker 600"
+    assert facts["authorized"].endswith("launch-key")  # the launch key pair, copied from the default user
+    assert "agent_dir=/opt/broker-agent" in facts["ready"] and "user=broker" in facts["ready"]
+    # What the console shows is what the broker pins: exactly the machine's host keys.
+    expected = sorted(tuple(p.read_text().split()[:2]) for p in (tmp_path / "etc" / "ssh").glob("ssh_host_*_key.pub"))
+    console = (tmp_path / "console").read_text()
+    assert expected and sorted(host_keys_from_console(console)) == expected
+    assert sorted(host_keys_from_console((tmp_path / "stdout").read_text())) == expected  # cloud-init-output.log
+    assert "ready:" in (tmp_path / "stderr").read_text()
