@@ -400,6 +400,12 @@ def test_user_data_prepares_a_stock_machine_and_its_console(tmp_path, default_us
         why = "no unshare(1)"
     elif os.geteuid() != 0:
         why = "useradd and mounts need root"
+    else:
+        (tmp_path / "probe").mkdir()
+        probe = subprocess.run([unshare, "--mount", "--propagation", "private", "mount", "-t", "tmpfs", "tmpfs",
+                                str(tmp_path / "probe")], capture_output=True, text=True, timeout=60)
+        if probe.returncode != 0:
+            why = f"no private mount namespace here ({probe.stderr.strip()})"
     if why is not None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must run user-data as at first boot, but cannot: {why}")
