@@ -4,9 +4,15 @@ RUN_DIR defaults to the most recently written run directory under ``./runs/`` (t
 ``journal.sqlite``, or its write-ahead log, changed last). The journal is opened read-only,
 so this is safe while the daemon writes.
 
-- the human view: tasks done out of the total with a bar, spend against the budget, the last
-  plan's predicted makespan and ETA, and the fleet with each instance's type, state, paid-until
-  and scheduled release time;
+- the human view: tasks done out of the total with a bar; spend against the budget and what
+  is left of it; the last plan (makespan, cost); while the run runs, the ETA by that plan
+  with its interval (``metrics.figures``: the plan is made on the remaining work at its upper
+  confidence value, and the point value recorded in ``plan.solved`` gives the low and
+  expected ends) and the ETA by the pace of the last 15 minutes of run time (the tasks left
+  divided by the completions counted, with their Poisson counting noise); and the fleet with
+  each instance's type, state, running tasks, paid-until and scheduled release time, the
+  next release first. Times are run time (a dry run's clock runs ``--time-scale`` times
+  faster than the wall; the ETA then also says how much wall time that is);
 - ``--json``: exactly one JSON object, ``Journal.status()``:
   ``{"tasks": {"total", "done", "running", "failed", "left"}, "instances": {"running",
   "terminated"}, "committed_usd", "budget_usd"}``;
@@ -18,17 +24,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Mapping
 
 from broker.cli import UsageError
 from broker.config.durations import format_duration, parse_duration
 from broker.shells.journal import JOURNAL_FILE, Journal, JournalError, Overview
+from broker.shells.metrics import CONFIDENCE_Z, Figures, figures, interval_level, run_now_s
 
 RUNS_DIR = Path("runs")
 DEFAULT_INTERVAL_S = 5.0
 _BAR_WIDTH = 30
+# The pace ETA counts the tasks finished over the last this much run time.
+PACE_WINDOW_S = 15 * 60.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -73,10 +87,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc
     with journal:
         if args.json:
-            print(json.dumps(journal.status(time.time())))
+            print(json.dumps(journal.status(run_now_s(journal.run(), time.time()))))
             return 0
         if not args.watch:
-            print(render(journal.overview(time.time()), run_dir))
+            print(render(snapshot(journal, time.time()), run_dir))
             return 0
         return _watch(journal, run_dir, interval_s)
 
@@ -85,9 +99,10 @@ def _watch(journal: Journal, run_dir: Path, interval_s: float) -> int:
     clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
     try:
         while True:
-            overview = journal.overview(time.time())
-            print(clear + render(overview, run_dir), flush=True)
-            if overview.run is None or overview.run.state != "running":
+            view = snapshot(journal, time.time())
+            print(clear + render(view, run_dir), flush=True)
+            run = view.overview.run
+            if run is None or run.state != "running":
                 return 0
             time.sleep(interval_s)
     except KeyboardInterrupt:
@@ -109,8 +124,39 @@ def latest_run_dir(runs_dir: Path) -> Path:
     return max(candidates)[2]
 
 
-def render(overview: Overview, run_dir: Path) -> str:
+@dataclass(frozen=True)
+class View:
+    """One snapshot of a run for the human view: its figures (metrics.py), the recent pace,
+    what each node runs, and the clocks (journal times are run time: ``time_scale`` times
+    faster than the wall in a dry run)."""
+
+    figures: Figures
+    wall_now_s: float
+    time_scale: float
+    window_s: float  # run time over which done_in_window is counted
+    done_in_window: int
+    running_by_node: Mapping[str, int]
+
+    @property
+    def overview(self) -> Overview:
+        return self.figures.overview
+
+
+def snapshot(journal: Journal, wall_now_s: float) -> View:
+    """Read what the human view shows, at wall time ``wall_now_s``."""
+    run = journal.run()
+    now = run_now_s(run, wall_now_s)
+    fig = figures(journal, now)
+    window = min(PACE_WINDOW_S, fig.elapsed_s)
+    done = journal.done_since(now - window) if window > 0 else 0
+    running = Counter(a.node for a in journal.running_attempts())
+    scale = float(run.options.get("time_scale", 1.0) or 1.0) if run is not None else 1.0
+    return View(fig, wall_now_s, scale, window, done, dict(running))
+
+
+def render(view: View, run_dir: Path) -> str:
     """The human view of one snapshot."""
+    overview = view.overview
     now = overview.now_s
     run, status = overview.run, overview.status
     tasks = status["tasks"]
@@ -119,9 +165,11 @@ def render(overview: Overview, run_dir: Path) -> str:
         lines.append(f"run in {run_dir}: no run recorded yet")
     else:
         goal = run.goal_kind if run.goal_value is None else f"{run.goal_kind} {run.goal_value:g}"
+        age = (f"started {format_duration(now - run.created_at_s)} ago" if run.ended_at_s is None
+               else f"ran {format_duration(run.ended_at_s - run.created_at_s)}")
         lines.append(
-            f"run {run.id} ({run_dir}): {run.state}, goal {goal}, "
-            f"started {format_duration(now - run.created_at_s)} ago"
+            f"run {run.id} ({run_dir}): {run.state}, goal {goal}, {age}"
+            + (f" (run time: {view.time_scale:g}x the wall clock)" if view.time_scale != 1 else "")
         )
     lines.append(
         f"tasks  {_bar(tasks['done'], tasks['total'])} {tasks['done']}/{tasks['total']} done"
@@ -135,10 +183,12 @@ def render(overview: Overview, run_dir: Path) -> str:
     if status["budget_usd"] is not None:
         budget = status["budget_usd"]
         share = f" ({100 * status['committed_usd'] / budget:.0f}%)" if budget > 0 else ""
-        spend += f" of ${budget:.2f} budget{share}"
+        spend += f" of ${budget:.2f} budget{share}, ${max(0.0, budget - status['committed_usd']):.2f} left"
     lines.append(spend)
     lines.append(_plan_line(overview))
-    lines.extend(_fleet_lines(overview))
+    if run is not None and run.state == "running":
+        lines.extend(_eta_lines(view))
+    lines.extend(_fleet_lines(view))
     return "\n".join(lines)
 
 
@@ -166,26 +216,63 @@ def _plan_line(overview: Overview) -> str:
         parts.append(f"cost ${plan.cost_usd:.2f}")
     if plan.confidence is not None:
         parts.append(f"confidence {100 * plan.confidence:.0f}%")
-    eta = overview.eta_at_s
-    if eta is not None and overview.run is not None and overview.run.state == "running":
-        left_s = eta - overview.now_s
-        parts.append(f"ETA in {format_duration(left_s)}" if left_s >= 0 else "ETA passed")
     return ", ".join(parts)
 
 
-def _fleet_lines(overview: Overview) -> list[str]:
+def _eta_lines(view: View) -> list[str]:
+    """The ETA by the last plan (with its interval) and by the recent pace of completions."""
+    fig, lines = view.figures, []
+    level = f"{interval_level():.0%}"
+    interval = fig.eta_interval_s()
+    if interval is not None:
+        low, mid, high = (max(0.0, x) for x in interval)
+        if interval[2] < 0:
+            lines.append(f"eta    the plan's end passed {format_duration(-interval[2])} ago; waiting for the last tasks")
+        else:
+            text = f"eta    in {format_duration(mid)} ({level} interval {format_duration(low)}-{format_duration(high)})"
+            text += f", around {_clock(view.wall_now_s + mid / view.time_scale)} by the last plan"
+            if view.time_scale != 1:
+                text += f" (run time; {format_duration(mid / view.time_scale)} of wall time)"
+            lines.append(text)
+    left = fig.overview.status["tasks"]["left"]
+    if left <= 0 or view.window_s <= 0:
+        return lines
+    n, window = view.done_in_window, view.window_s
+    head = "pace   " if lines else "eta    "
+    if n == 0:
+        lines.append(f"{head}no task finished in the last {format_duration(window)}: no ETA from the pace")
+        return lines
+    # Completions counted over the window, with a normal approximation of their Poisson noise
+    # (it ignores fleet changes to come: the plan's ETA above accounts for those).
+    spread = CONFIDENCE_Z * math.sqrt(n)
+    fastest = left * window / (n + spread)
+    slowest = left * window / (n - spread) if n > spread else math.inf
+    lines.append(f"{head}{n} done in the last {format_duration(window)}: {left} left take "
+                 f"{format_duration(left * window / n)} at that pace ({level} interval "
+                 f"{format_duration(fastest)}-{format_duration(slowest)})")
+    return lines
+
+
+def _clock(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, timezone.utc).strftime("%H:%M UTC")
+
+
+def _fleet_lines(view: View) -> list[str]:
+    overview = view.overview
     alive = [i for i in overview.fleet if i.state != "terminated"]
     gone = len(overview.fleet) - len(alive)
     lines = [f"fleet  {len(alive)} alive, {gone} terminated"]
     if not alive:
         return lines
-    rows = [("INSTANCE", "TYPE", "STATE", "BILLING", "PAID UNTIL", "RELEASE")]
+    alive.sort(key=lambda i: (i.release_at_s is None, i.release_at_s or 0.0, i.id))
+    rows = [("INSTANCE", "TYPE", "STATE", "TASKS", "BILLING", "PAID UNTIL", "RELEASE")]
     for inst in alive:
         rows.append(
             (
                 inst.id,
                 inst.type_name,
                 inst.state,
+                str(view.running_by_node.get(inst.id, 0)),
                 inst.billing.describe(),
                 _relative(inst.paid_until_s, overview.now_s),
                 "-" if inst.release_at_s is None else _relative(inst.release_at_s, overview.now_s),

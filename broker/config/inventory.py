@@ -20,6 +20,8 @@ Schema (every key but the marked ones optional)::
       ssh_port: 22
       ssh_timeout: 5m             # boot done -> agent attached, else the instance is released
       agent_dir: ~/.broker        # on the instances: agent/ (shipped), runs/<run>/<id>/ (state)
+      user_data: deploy/user-data.sh   # a file passed to every launch as EC2 user-data (<= 16 KB);
+                                  # relative to the inventory's directory
       types:
         - name: c5.xlarge         # required, unique
           slots: 4                # required, integer >= 1
@@ -199,7 +201,8 @@ def _aws_section(check: Checker, node: Node | None, live: bool) -> tuple[AwsSett
     fields = check.mapping(
         node,
         "aws",
-        optional=(*_LIVE_AWS_FIELDS, *_OPTIONAL_AWS_FIELDS, "tags", "billing", "types", *_SSH_AWS_FIELDS),
+        optional=(*_LIVE_AWS_FIELDS, *_OPTIONAL_AWS_FIELDS, "tags", "billing", "types", *_SSH_AWS_FIELDS,
+                  "user_data"),
     )
     if fields is None:
         return AwsSettings(), []
@@ -217,7 +220,39 @@ def _aws_section(check: Checker, node: Node | None, live: bool) -> tuple[AwsSett
         for key in _LIVE_AWS_FIELDS:
             if key not in fields:
                 check.problem(join("aws", key), f"a live run that rents EC2 instances needs aws.{key}", where)
-    return AwsSettings(tags=tags, **strings, **ssh), types
+    user_data = _user_data(check, fields["user_data"]) if "user_data" in fields else None
+    return AwsSettings(tags=tags, user_data=user_data, **strings, **ssh), types
+
+
+# EC2 refuses user-data over 16 KB (before its base64 encoding).
+_USER_DATA_MAX_BYTES = 16 * 1024
+
+
+def _user_data(check: Checker, node: Node) -> str | None:
+    """The text of the ``aws.user_data`` file (a path relative to the inventory's directory)."""
+    text = check.string(node, "aws.user_data", what="a path to a user-data file")
+    if text is None:
+        return None
+    path = Path(os.path.expanduser(text))
+    if not path.is_absolute():
+        path = Path(check.file).parent / path
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        check.problem("aws.user_data", f"user-data file not found: {path}", node.where)
+        return None
+    except OSError as exc:
+        check.problem("aws.user_data", f"cannot read user-data file {path}: {exc.strerror}", node.where)
+        return None
+    if len(data) > _USER_DATA_MAX_BYTES:
+        check.problem("aws.user_data", f"user-data file {path} has {len(data)} bytes; EC2 takes at most "
+                      f"{_USER_DATA_MAX_BYTES}", node.where)
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        check.problem("aws.user_data", f"user-data file {path} is not UTF-8 text", node.where)
+        return None
 
 
 def _aws_ssh(check: Checker, fields: dict[str, Node], live: bool) -> dict[str, object]:

@@ -84,6 +84,7 @@ class AwsSettings:
     ssh_port: int = 22
     ssh_timeout_s: float = 300.0  # boot done -> agent attached, else the instance is released
     agent_dir: str = "~/.broker"  # on the instances: the agent in agent/, its state in runs/
+    user_data: str | None = None  # the text of aws.user_data, passed to RunInstances (deploy/user-data.sh)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1186,6 +1186,15 @@ class Journal:
         with self._read() as db:
             return [(at, n, json.loads(f)) for at, n, f in db.execute(query + " ORDER BY seq", args)]
 
+    def done_since(self, since_s: float) -> int:
+        """Tasks whose counted attempt ended at or after ``since_s`` (journal time): the recent
+        pace ``broker status`` derives an ETA from."""
+        with self._read() as db:
+            return db.execute(
+                "SELECT count(*) FROM tasks t JOIN attempts a ON a.task_id = t.id AND a.attempt = t.done_attempt"
+                " WHERE t.state = 'done' AND a.ended_at >= ?", (since_s,)
+            ).fetchone()[0]
+
     # -- summaries -------------------------------------------------------------------------
     def status(self, now_s: float | None = None) -> dict[str, Any]:
         """The machine-readable summary (``broker status --json``), from one snapshot::

@@ -198,6 +198,8 @@ class Ec2Fleet:
         if s.instance_profile:
             key = "Arn" if s.instance_profile.startswith("arn:") else "Name"
             params["IamInstanceProfile"] = {key: s.instance_profile}
+        if user_data is None:
+            user_data = s.user_data  # the inventory's aws.user_data, if any
         if user_data is not None:
             params["UserData"] = user_data  # boto3 base64-encodes it
         return params
