@@ -122,6 +122,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.yes and not sys.stdin.isatty():
         raise UsageError("refusing to run without confirmation: standard input is not a terminal, so "
                          "nobody can answer the launch question; pass --yes to launch without asking")
+    if os.environ.get(FAULTS_ENV, "").strip() and not args.dry_run:
+        raise UsageError(f"{FAULTS_ENV} is set ({os.environ[FAULTS_ENV].strip()!r}): faults are injected into "
+                         f"dry runs only; unset it or add --dry-run")
     inventory = load_inventory(args.inventory, live=not args.dry_run)
     bag = load_bag(args.bag)
     args.fault_entries = _fault_entries(args, inventory)
@@ -162,9 +165,6 @@ def _fault_entries(args, inventory) -> list | None:
     spec = os.environ.get(FAULTS_ENV, "").strip()
     if not spec:
         return None
-    if not args.dry_run:
-        raise UsageError(f"{FAULTS_ENV} is set ({spec!r}): faults are injected into dry runs only; "
-                         f"unset it or add --dry-run")
     from broker.shells.faults import parse_fault_spec
 
     try:

@@ -1,0 +1,255 @@
+"""Worker, node and EC2 faults in real dry runs: nothing lost, nothing done twice, nothing doubled.
+
+Every test runs the real ``broker run --dry-run`` in a subprocess (moto server process,
+local agents, time scaled) and reads what it left: the journal, ``events.jsonl``, the
+run's moto server (kept with ``BROKER_DRY_RUN_KEEP_MOTO`` where the test counts its
+instances), the process table. EC2 faults are injected with ``BROKER_DRY_RUN_FAULTS``
+(broker/shells/faults.py); agents are killed with SIGKILL; an SSH link to a private node is
+cut by killing the test sshd's connection processes (tests/sshd.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from broker.shells.local_transport import local_agent_pid
+from broker.shells.moto_world import DEFAULT_REGION, fake_aws_environment, find_moto_server, server_client
+from broker.shells.nodes import agent_dir
+from tests.processes import agent_task_processes
+from tests.test_dryrun import REPO, query
+from tests.test_resume import (  # noqa: F401 - run_dir is a fixture
+    assert_every_task_done_once,
+    assert_nothing_left,
+    committed,
+    journal_events,
+    run_dir,
+    wait_for,
+)
+
+INVENTORY = """\
+private:
+  - name: local
+    local: true
+    slots: 1
+    speed: 1.0
+aws:
+  region: us-east-1
+  billing: hourly
+  types:
+    - name: c5.large
+      slots: 2
+      speed: 1.0
+      price: 0.085
+      limit: 3
+      boot: 3s
+    - name: m5.large
+      slots: 2
+      speed: 1.0
+      price: 0.096
+      limit: 3
+      boot: 3s
+"""
+
+BAG = """\
+command: "python3 -c 'import time; time.sleep({t}); print({k})'"
+sweep:
+  t: [T]
+  k: [1, 2, 3, 4, 5]
+timeout: 60s
+retries: 2
+"""
+
+TASKS = 10
+SCALE = 20.0  # run seconds per wall second
+TICK_S = 60.0  # the default monitoring interval, in run time: 3 wall seconds at SCALE
+GOAL = ("--deadline", "3m")
+
+
+def write_inputs(tmp_path: Path, task_s: float = 0.4) -> tuple[Path, Path]:
+    inv, bag = tmp_path / "inv.yaml", tmp_path / "bag.yaml"
+    inv.write_text(INVENTORY)
+    bag.write_text(BAG.replace("[T]", f"[{task_s}, {task_s + 0.1}]"))
+    return inv, bag
+
+
+def run_args(inv: Path, bag: Path, run_dir: Path, *goal: str) -> list[str]:
+    return ["run", "--dry-run", "--yes", *(goal or GOAL), "--tick", f"{TICK_S:g}s", "--time-scale", f"{SCALE:g}",
+            "--inventory", str(inv), str(bag), "--run-dir", str(run_dir)]
+
+
+def _env(faults: str | None, keep_moto: bool) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("BROKER_CRASH_AT", "BROKER_DRY_RUN_KEEP_MOTO", "BROKER_DRY_RUN_FAULTS")}
+    env["PYTHONPATH"] = str(REPO)
+    if faults:
+        env["BROKER_DRY_RUN_FAULTS"] = faults
+    if keep_moto:
+        env["BROKER_DRY_RUN_KEEP_MOTO"] = "1"
+    return env
+
+
+def broker(*args: str, faults: str | None = None, keep_moto: bool = False,
+           timeout_s: float = 180.0) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "broker", *args], cwd=REPO, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout_s, env=_env(faults, keep_moto))
+
+
+def start_broker(*args: str, faults: str | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "broker", *args], cwd=REPO, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(faults, False))
+
+
+def events(run_dir: Path, name: str | None = None) -> list[dict]:
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if name is None or e["event"] == name]
+
+
+def wall_s(event: dict) -> float:
+    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def moto_by_token(run_dir: Path) -> dict[str, list[tuple[str, str]]]:
+    """Every instance the run's moto server holds under the run's tag (terminated ones too),
+    by the launch's client token: token -> [(instance id, state)]."""
+    run_id = query(run_dir, "SELECT id FROM run")[0][0]
+    server = find_moto_server(run_dir)
+    assert server is not None, "the run's moto server is gone (keep_moto=True keeps it)"
+    with fake_aws_environment(DEFAULT_REGION):
+        pages = server_client(server, DEFAULT_REGION).describe_instances(
+            Filters=[{"Name": "tag:broker:run", "Values": [run_id]}])
+    out: dict[str, list[tuple[str, str]]] = {}
+    for r in pages["Reservations"]:
+        for i in r["Instances"]:
+            tags = {t["Key"]: t["Value"] for t in i.get("Tags", ())}
+            out.setdefault(tags.get("broker:client-token", "?"), []).append((i["InstanceId"], i["State"]["Name"]))
+    return out
+
+
+def assert_ec2_matches_the_journal(run_dir: Path) -> None:
+    """No launch doubled, none orphaned: moto's instances under the run's tag are exactly the
+    journal's, each launch's token holds at most what it asked for, all terminated."""
+    in_moto = moto_by_token(run_dir)
+    ids = {i for group in in_moto.values() for i, _ in group}
+    journal = {i for (i,) in query(run_dir, "SELECT id FROM instances")}
+    assert ids == journal, f"EC2 and the journal disagree: {sorted(ids ^ journal)}"
+    asked = {json.loads(p)["client_token"]: json.loads(p)["count"]
+             for (p,) in query(run_dir, "SELECT payload FROM actions WHERE kind = 'launch'")}
+    for token, group in in_moto.items():
+        assert token in asked, f"instances under an unknown token {token}: {group}"
+        assert len(group) <= asked[token], f"launch {token} asked {asked[token]}, EC2 holds {group}"
+    assert {s for group in in_moto.values() for _, s in group} == {"terminated"}
+
+
+def assert_retries_bounded(run_dir: Path, retries: int = 2) -> None:
+    """No task started more than once beyond its retries (cancelled tail replicas aside)."""
+    rows = query(run_dir, "SELECT task_id, count(*) FROM attempts WHERE outcome <> 'cancelled' GROUP BY task_id")
+    assert max(n for _, n in rows) <= retries + 1, rows
+
+
+def injected(run_dir: Path) -> list[tuple[str, str]]:
+    return [(e["operation"], e["kind"]) for e in events(run_dir, "fault.injected")]
+
+
+# -- EC2 faults -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("spec", "kind"), [("insufficient_capacity:c5.large:1", "capacity"),
+                                             ("InstanceLimitExceeded:c5.large:1", "limit")])
+def test_a_type_refused_for_capacity_or_limit_is_avoided_and_the_run_replans_onto_another(
+        tmp_path, run_dir, spec, kind):
+    inv, bag = write_inputs(tmp_path)
+    done = broker(*run_args(inv, bag, run_dir), faults=spec, keep_moto=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert injected(run_dir) == [("RunInstances", kind)]
+    [failed] = events(run_dir, "instance.launch_failed")
+    assert (failed["type"], failed["kind"], failed["launched"]) == ("c5.large", kind, 0)
+    [avoided] = events(run_dir, "instance.type_avoided")
+    assert avoided["type"] == "c5.large" and avoided["kind"] == kind
+    launched = events(run_dir, "instance.launch")
+    assert launched and {e["type"] for e in launched} == {"m5.large"}  # re-planned onto the other type
+    assert max(wall_s(e) for e in launched) >= wall_s(failed)
+    assert_every_task_done_once(run_dir, TASKS)
+    assert_ec2_matches_the_journal(run_dir)
+    assert_nothing_left(run_dir)
+
+
+def test_throttles_timeouts_and_lost_responses_are_retried_and_never_launch_twice(tmp_path, run_dir):
+    inv, bag = write_inputs(tmp_path)
+    spec = ("throttle:RunInstances:2,timeout:RunInstances:1,lost_response:RunInstances:1,"
+            "request_limit:TerminateInstances:1,timeout:TerminateInstances:1")
+    done = broker(*run_args(inv, bag, run_dir), faults=spec, keep_moto=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert injected(run_dir) == [("RunInstances", "throttle"), ("RunInstances", "throttle"),
+                                 ("RunInstances", "read_timeout"), ("RunInstances", "lost_response"),
+                                 ("TerminateInstances", "throttle"), ("TerminateInstances", "read_timeout")]
+    # The first launch succeeded on its fifth attempt, which found the instances the lost
+    # response had launched under its client token instead of launching them again.
+    first = events(run_dir, "aws.run_instances")[0]
+    assert (first["attempts"], first["reused"], first["launched"]) == (5, True, first["requested"])
+    retried = [e["code"] for e in events(run_dir, "aws.retry") if e["operation"] == "run_instances"]
+    assert retried == ["RequestLimitExceeded", "RequestLimitExceeded", "ReadTimeoutError", "ReadTimeoutError"]
+    assert [e["code"] for e in events(run_dir, "aws.retry") if e["operation"] == "terminate_instances"] == [
+        "RequestLimitExceeded", "ReadTimeoutError"]
+    assert events(run_dir, "instance.launch_failed") == [] and events(run_dir, "instance.terminate_failed") == []
+    assert_every_task_done_once(run_dir, TASKS)
+    assert_ec2_matches_the_journal(run_dir)  # the lost response's instances were not launched again
+    assert_nothing_left(run_dir)
+
+
+def test_a_partial_launch_is_topped_up_on_another_type(tmp_path, run_dir):
+    inv, bag = write_inputs(tmp_path)
+    done = broker(*run_args(inv, bag, run_dir), faults="partial:c5.large", keep_moto=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert injected(run_dir) == [("RunInstances", "partial")]
+    [short] = events(run_dir, "instance.launch_failed")
+    assert short["kind"] == "partial" and short["type"] == "c5.large"
+    assert 0 < short["launched"] < short["requested"]
+    by_type: dict[str, int] = {}
+    for e in events(run_dir, "instance.launch"):
+        by_type[e["type"]] = by_type.get(e["type"], 0) + 1
+    assert by_type.get("c5.large") == short["launched"]  # what did launch was kept and used
+    assert by_type.get("m5.large", 0) >= 1  # the missing ones were re-planned onto the other type
+    assert_every_task_done_once(run_dir, TASKS)
+    assert_ec2_matches_the_journal(run_dir)
+    assert_nothing_left(run_dir)
+
+
+def test_under_a_budget_every_fault_together_never_spends_past_it(tmp_path, run_dir):
+    budget = 0.25
+    inv, bag = write_inputs(tmp_path)
+    spec = "partial:c5.large,throttle:RunInstances:1,lost_response:RunInstances:1,insufficient_capacity:m5.large:1"
+    done = broker(*run_args(inv, bag, run_dir, "--budget", f"{budget}"), faults=spec, keep_moto=True)
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    assert injected(run_dir)
+    spends = [e["committed_usd"] for e in events(run_dir, "instance.terminated")]
+    spends += [e["committed_usd"] for e in events(run_dir, "budget.stop")]
+    assert max(spends + [committed(run_dir)]) <= budget + 1e-9
+    settled = query(run_dir, "SELECT state, count(*) FROM tasks GROUP BY state")
+    if done.returncode == 0:
+        assert_every_task_done_once(run_dir, TASKS)
+    else:  # the budget stopped the cloud: what is left was not lost, it is pending
+        assert events(run_dir, "budget.stop"), settled
+    assert_ec2_matches_the_journal(run_dir)
+    assert_nothing_left(run_dir)
+
+
+def test_a_bad_fault_spec_is_refused_before_anything_starts(tmp_path):
+    inv, bag = write_inputs(tmp_path)
+    target = tmp_path / "run"
+    for spec, message in [("melted:c5.large", "unknown fault kind 'melted'"),
+                          ("insufficient_capacity:c5.lrage", "instance type 'c5.lrage' is not in"),
+                          ("capacity:DescribeInstances", "can only be injected into RunInstances")]:
+        out = broker(*run_args(inv, bag, target), faults=spec)
+        assert out.returncode == 2 and message in out.stderr and "BROKER_DRY_RUN_FAULTS" in out.stderr, out.stderr
+        assert not target.exists()
+    live = broker("run", "--yes", "--deadline", "3m", "--inventory", str(inv), str(bag), "--run-dir", str(target),
+                  faults="throttle")
+    assert live.returncode == 2 and "dry runs only" in live.stderr and not target.exists()
