@@ -71,6 +71,9 @@ retries: 2
 TASKS = 10
 SCALE = 20.0  # run seconds per wall second
 TICK_S = 60.0  # the default monitoring interval, in run time: 3 wall seconds at SCALE
+# Where run time is compared with the moment of a kill: an interval of 6 wall seconds, so that
+# a loaded machine (a CBC solve holding the loop, an agent's restart) does not eat a tick.
+KILL_SCALE = 10.0
 GOAL = ("--deadline", "3m")
 
 
@@ -81,8 +84,8 @@ def write_inputs(tmp_path: Path, task_s: float = 0.4) -> tuple[Path, Path]:
     return inv, bag
 
 
-def run_args(inv: Path, bag: Path, run_dir: Path, *goal: str) -> list[str]:
-    return ["run", "--dry-run", "--yes", *(goal or GOAL), "--tick", f"{TICK_S:g}s", "--time-scale", f"{SCALE:g}",
+def run_args(inv: Path, bag: Path, run_dir: Path, *goal: str, scale: float = SCALE) -> list[str]:
+    return ["run", "--dry-run", "--yes", *(goal or GOAL), "--tick", f"{TICK_S:g}s", "--time-scale", f"{scale:g}",
             "--inventory", str(inv), str(bag), "--run-dir", str(run_dir)]
 
 
@@ -253,3 +256,58 @@ def test_a_bad_fault_spec_is_refused_before_anything_starts(tmp_path):
     live = broker("run", "--yes", "--deadline", "3m", "--inventory", str(inv), str(bag), "--run-dir", str(target),
                   faults="throttle")
     assert live.returncode == 2 and "dry runs only" in live.stderr and not target.exists()
+
+
+# -- agents killed ----------------------------------------------------------------------------
+
+def _running_on(run_dir: Path, kind: str) -> list[tuple[str, int, str]]:
+    """(task, attempt, node) running on a private node (``local``) or on an instance."""
+    join = "JOIN instances i ON i.id = a.node" if kind == "instance" else ""
+    where = "" if kind == "instance" else "AND a.node = 'local'"
+    return query(run_dir, f"SELECT a.task_id, a.attempt, a.node FROM attempts a {join} "
+                          f"WHERE a.outcome = 'running' {where} ORDER BY a.started_at")
+
+
+@pytest.mark.parametrize("kind", ["local", "instance"])
+def test_a_killed_agent_has_its_tasks_requeued_within_one_tick_and_each_done_once(tmp_path, run_dir, kind):
+    inv, bag = write_inputs(tmp_path, task_s=2.0)
+    proc = start_broker(*run_args(inv, bag, run_dir, scale=KILL_SCALE))
+    try:
+        wait_for(proc, run_dir, lambda: _running_on(run_dir, kind), f"a task running on an {kind} node")
+        victim = _running_on(run_dir, kind)[0][2]
+        state_dir = agent_dir(run_dir, victim)
+        pid = local_agent_pid(state_dir)
+        assert pid is not None, f"no agent serves {state_dir}"
+        running = {(t, a) for t, a, n in _running_on(run_dir, kind) if n == victim}
+        killed_at = time.time()
+        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+        for orphan in agent_task_processes(agent_dir(run_dir, "")):  # tasks of the killed agent
+            try:
+                os.kill(orphan, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode == 0, err[-3000:]
+    outcome = {(t, a): o for t, a, o in query(run_dir, "SELECT task_id, attempt, outcome FROM attempts")}
+    cut = {key for key in running if outcome[key] != "ok"}  # not finished just before the kill
+    assert cut, f"the kill should cut an attempt short: {running} -> {[outcome[k] for k in running]}"
+    failed = {(e["task"], e["attempt"]): e for e in events(run_dir, "task.failed") if e["node"] == victim}
+    for task, attempt in cut:
+        assert outcome[(task, attempt)] in ("lost", "failed")
+        event = failed[(task, attempt)]
+        assert not event["final"] and event["retries_left"] >= 1
+        # Back in the pool within one monitoring interval of the kill (run time = wall x scale).
+        print(f"{kind}: {task}/{attempt} back in the pool {(wall_s(event) - killed_at) * KILL_SCALE:.1f} run-s "
+              f"({wall_s(event) - killed_at:.2f} wall s) after the kill; tick {TICK_S:g} s")
+        assert (wall_s(event) - killed_at) * KILL_SCALE <= TICK_S, (event, killed_at)
+        [(counted,)] = query(run_dir, f"SELECT done_attempt FROM tasks WHERE id = '{task}'")
+        assert counted > attempt
+    reattached = [e for e in events(run_dir, "agent.reattached") if e["node"] == victim]
+    assert reattached, "the broken link should be re-attached (a fresh agent on the same state dir)"
+    assert_every_task_done_once(run_dir, TASKS)
+    assert_retries_bounded(run_dir)
+    assert_nothing_left(run_dir)
