@@ -311,3 +311,52 @@ def test_a_killed_agent_has_its_tasks_requeued_within_one_tick_and_each_done_onc
     assert_every_task_done_once(run_dir, TASKS)
     assert_retries_bounded(run_dir)
     assert_nothing_left(run_dir)
+
+
+# -- a poison task ----------------------------------------------------------------------------
+
+TWO_NODES = """\
+private:
+  - name: node-a
+    local: true
+    slots: 1
+  - name: node-b
+    local: true
+    slots: 1
+"""
+
+
+def test_a_task_failing_alike_on_two_nodes_is_quarantined_with_its_stderr_kept_and_reported(tmp_path, run_dir):
+    inv, bag = tmp_path / "inv.yaml", tmp_path / "bag.yaml"
+    inv.write_text(TWO_NODES)
+    poison = "sh -c 'echo poison-7 cannot open /data/x.bin >&2; exit 3'"
+    (tmp_path / "tasks.txt").write_text("sleep 0.3\n" * 6 + poison + "\n")
+    bag.write_text("name: poison\ntasks_file: tasks.txt\ntimeout: 30s\nretries: 4\n")
+    done = broker("run", "--dry-run", "--yes", "--deadline", "10m", "--tick", "60s", "--time-scale", "20",
+                  "--inventory", str(inv), str(bag), "--run-dir", str(run_dir))
+    assert done.returncode == 1, done.stderr[-3000:]  # a task failed
+    task = "t000007"
+    [event] = [e for e in events(run_dir, "task.quarantined")]
+    assert event["task"] == task and "poison-7 cannot open /data/x.bin" in event["stderr_tail"]
+    assert event["reason"] == "exit code 3 on 2 nodes (node-a, node-b)"
+    # Fewer attempts than its retries allow (5): the same error on a second node was enough
+    # (where the retry lands is up to the pool, so it may have failed twice on one node first).
+    attempts = query(run_dir, f"SELECT node, outcome, exit_code, stderr_tail FROM attempts WHERE task_id = '{task}'")
+    n = event["failures"]
+    assert len(attempts) == n and 2 <= n < 5 and {a[0] for a in attempts} == {"node-a", "node-b"}
+    assert all(a[1] == "failed" and a[2] == 3 and "poison-7" in a[3] for a in attempts)
+    [(state, note)] = query(run_dir, f"SELECT state, note FROM tasks WHERE id = '{task}'")
+    assert state == "quarantined" and "exit code 3 on 2 nodes" in note and "poison-7 cannot open" in note
+    assert journal_events(run_dir, "task.quarantined") == [{k: v for k, v in event.items()
+                                                             if k not in ("event", "level", "timestamp", "run_id")}]
+    # The final report and `broker report` say what was given up and why, with the task's stderr.
+    for text in (done.stdout, broker("report", str(run_dir)).stdout):
+        assert f"failed {task} after {n} attempts: exit code 3" in text
+        assert "quarantined: exit code 3 on 2 nodes (node-a, node-b)" in text
+        assert "last stderr: poison-7 cannot open /data/x.bin" in text
+    as_json = json.loads(broker("report", "--json", str(run_dir)).stdout)
+    [failed] = as_json["failed_tasks"]
+    assert failed["task"] == task and failed["quarantined"] == event["reason"]
+    assert query(run_dir, "SELECT state, count(*) FROM tasks GROUP BY state ORDER BY state") == [
+        ("done", 6), ("quarantined", 1)]
+    assert_nothing_left(run_dir)
