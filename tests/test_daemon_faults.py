@@ -10,11 +10,13 @@ cut by killing the test sshd's connection processes (tests/sshd.py).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -25,6 +27,8 @@ from broker.shells.local_transport import local_agent_pid
 from broker.shells.moto_world import DEFAULT_REGION, fake_aws_environment, find_moto_server, server_client
 from broker.shells.nodes import agent_dir
 from tests.processes import agent_task_processes
+from tests.sshd import TestSshd
+from tests.test_live_instances import remote_root  # noqa: F401 - a fixture: no remote agent may outlive a test
 from tests.test_dryrun import REPO, query
 from tests.test_resume import (  # noqa: F401 - run_dir is a fixture
     assert_every_task_done_once,
@@ -359,4 +363,61 @@ def test_a_task_failing_alike_on_two_nodes_is_quarantined_with_its_stderr_kept_a
     assert failed["task"] == task and failed["quarantined"] == event["reason"]
     assert query(run_dir, "SELECT state, count(*) FROM tasks GROUP BY state ORDER BY state") == [
         ("done", 6), ("quarantined", 1)]
+    assert_nothing_left(run_dir)
+
+
+# -- an SSH link dropped ----------------------------------------------------------------------
+
+@pytest.mark.sshd
+def test_a_dropped_ssh_link_to_a_private_node_is_reattached_and_loses_nothing(
+        sshd: TestSshd, tmp_path, run_dir, remote_root, monkeypatch, capsys):  # noqa: F811
+    """A private node over real SSH (the test sshd on 127.0.0.1); its connections are cut
+    (sshd's per-connection processes SIGKILLed, as a network drop would) while tasks run.
+    The agent daemon on the node outlives the link: the broker reconnects, the agent replays
+    what finished meanwhile, and every attempt running at the drop completes as itself."""
+    from broker.cli import main
+    from broker.shells import nodes
+
+    monkeypatch.setattr(nodes, "SshAgents", functools.partial(
+        nodes.SshAgents, known_hosts_path=str(sshd.known_hosts_path), remote_root=str(remote_root)))
+    inv, bag = tmp_path / "inv.yaml", tmp_path / "bag.yaml"
+    inv.write_text(f"private:\n  - name: far\n    host: 127.0.0.1\n    port: {sshd.port}\n    user: {sshd.user}\n"
+                   f"    key: {sshd.client_key_path}\n    slots: 2\n")
+    bag.write_text("command: \"python3 -c 'import time; time.sleep({t}); print({k})'\"\n"
+                   "sweep:\n  t: [1.0]\n  k: [1, 2, 3, 4, 5, 6]\ntimeout: 60s\nretries: 2\n")
+    dropped: dict = {}
+
+    def drop_while_running() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                running = query(run_dir, "SELECT task_id, attempt FROM attempts WHERE outcome = 'running'")
+            except Exception:  # noqa: BLE001 - the journal may not exist yet
+                running = []
+            if running:
+                time.sleep(0.2)  # well inside the 1 s tasks
+                dropped["running"] = set(query(run_dir, "SELECT task_id, attempt FROM attempts "
+                                                        "WHERE outcome = 'running'"))
+                dropped["killed"] = sshd.drop_connections()
+                return
+            time.sleep(0.05)
+
+    dropper = threading.Thread(target=drop_while_running, daemon=True)
+    dropper.start()
+    rc = main(["run", "--dry-run", "--yes", "--deadline", "10m", "--tick", "60s", "--time-scale", "20",
+               "--inventory", str(inv), str(bag), "--run-dir", str(run_dir)])
+    dropper.join(timeout=10)
+    out = capsys.readouterr()
+    assert rc == 0, out.err[-3000:]
+    assert dropped.get("killed", 0) >= 1 and dropped["running"], "the link should be cut while tasks run"
+    lost = [e for e in events(run_dir, "agent.lost") if e["node"] == "far"]
+    reattached = [e for e in events(run_dir, "agent.reattached") if e["node"] == "far"]
+    assert lost and reattached and reattached[0]["running"] >= 1
+    assert len([e for e in events(run_dir, "ssh.connect") if e["port"] == sshd.port]) >= 2
+    # Nothing was lost: no attempt failed, and each attempt cut off from the broker is its task's counted one.
+    assert events(run_dir, "task.failed") == [] and events(run_dir, "node.lost") == []
+    counted = dict(query(run_dir, "SELECT id, done_attempt FROM tasks"))
+    assert all(counted[task] == attempt for task, attempt in dropped["running"])
+    assert query(run_dir, "SELECT count(*) FROM attempts") == [(6,)]
+    assert_every_task_done_once(run_dir, 6)
     assert_nothing_left(run_dir)
