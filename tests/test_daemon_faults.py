@@ -232,10 +232,13 @@ def test_a_partial_launch_is_topped_up_on_another_type(tmp_path, run_dir):
 def test_under_a_budget_every_fault_together_never_spends_past_it(tmp_path, run_dir):
     budget = 0.25
     inv, bag = write_inputs(tmp_path)
-    spec = "partial:c5.large,throttle:RunInstances:1,lost_response:RunInstances:1,insufficient_capacity:m5.large:1"
+    # The first launch is throttled, its retry launches half (the type is then avoided), and
+    # the first termination times out (retried).
+    spec = "throttle:RunInstances:1,partial:c5.large:1,lost_response:RunInstances:1,timeout:TerminateInstances:1"
     done = broker(*run_args(inv, bag, run_dir, "--budget", f"{budget}"), faults=spec, keep_moto=True)
     assert done.returncode in (0, 1), done.stderr[-3000:]
-    assert injected(run_dir)
+    assert {("RunInstances", "throttle"), ("RunInstances", "partial"), ("TerminateInstances", "read_timeout")} <= set(
+        injected(run_dir))
     spends = [e["committed_usd"] for e in events(run_dir, "instance.terminated")]
     spends += [e["committed_usd"] for e in events(run_dir, "budget.stop")]
     assert max(spends + [committed(run_dir)]) <= budget + 1e-9
@@ -421,3 +424,30 @@ def test_a_dropped_ssh_link_to_a_private_node_is_reattached_and_loses_nothing(
     assert query(run_dir, "SELECT count(*) FROM attempts") == [(6,)]
     assert_every_task_done_once(run_dir, 6)
     assert_nothing_left(run_dir)
+
+
+def test_a_fault_spec_reads_kinds_by_any_name_and_targets_types_or_operations():
+    from broker.shells.faults import FaultKind, SpecFaultInjector, parse_fault_spec
+
+    entries = parse_fault_spec("InsufficientInstanceCapacity:c5.large:2, throttle:DescribeInstances, timeout")
+    assert [(e.kind, e.target, e.times) for e in entries] == [
+        (FaultKind.CAPACITY, "c5.large", 2), (FaultKind.THROTTLE, "DescribeInstances", 1),
+        (FaultKind.READ_TIMEOUT, None, 1)]
+    injector = SpecFaultInjector(entries)
+    draw = injector._draw
+    assert draw("RunInstances", 0, {"InstanceType": "m5.large", "MaxCount": 1}) is FaultKind.READ_TIMEOUT
+    assert draw("RunInstances", 1, {"InstanceType": "m5.large", "MaxCount": 1}) is None  # timeout used up
+    assert draw("RunInstances", 2, {"InstanceType": "c5.large", "MaxCount": 1}) is FaultKind.CAPACITY
+    assert draw("TerminateInstances", 0, {}) is None
+    assert draw("DescribeInstances", 0, {}) is FaultKind.THROTTLE
+    assert draw("DescribeInstances", 1, {}) is None
+    assert draw("RunInstances", 3, {"InstanceType": "c5.large", "MaxCount": 1}) is FaultKind.CAPACITY
+    assert draw("RunInstances", 4, {"InstanceType": "c5.large", "MaxCount": 1}) is None
+    assert entries[0].times == 2  # the injector counts on its own copy
+    partial = SpecFaultInjector(parse_fault_spec("partial"))
+    assert partial._draw("RunInstances", 0, {"MaxCount": 1}) is None  # waits for a launch of two or more
+    assert partial._draw("RunInstances", 1, {"MaxCount": 4}) is FaultKind.PARTIAL
+    for bad in ["", "melted", "throttle:x:y:z", "throttle:0", "throttle:c5.large:many", "partial:DescribeInstances",
+                "throttle:describe"]:
+        with pytest.raises(ValueError, match="BROKER_DRY_RUN_FAULTS"):
+            parse_fault_spec(bad)
