@@ -40,7 +40,8 @@ def test_json_report_matches_the_runs_journal_and_events(observed_dry_run, capsy
     assert report["samples"] == len(run.events("sample.done")) > 0
     # The failing task, each attempt's error, from the journal's events.
     [failed] = report["failed_tasks"]
-    assert failed == {"task": f"t{TASKS + 1:06d}", "attempts": 2, "errors": ["exit code 3", "exit code 3"]}
+    assert failed == {"task": f"t{TASKS + 1:06d}", "attempts": 2, "errors": ["exit code 3", "exit code 3"],
+                      "quarantined": "failed 2 times (retries: 1)", "stderr_tail": "boom\n"}
     util = report["utilization_by_type"]
     assert set(util) == set(by_type) | {"private"}
     assert all(0 < u <= 1 for u in util.values())

@@ -96,6 +96,12 @@ def build(journal: Journal, run_dir: Path, now_s: float | None = None) -> dict[s
     for row in _noted_failures(run_dir):  # failed without a task.failed event (e.g. its node was lost)
         if row["task"] not in fig.failures:
             failed.append(row)
+    quarantined = {f["task"]: f for _, _, f in journal.events("task.quarantined")}
+    for row in failed:  # why the broker gave up, and the task's own last words
+        q = quarantined.get(row["task"])
+        if q is not None:
+            row["quarantined"] = q.get("reason", "")
+            row["stderr_tail"] = q.get("stderr_tail", "")
     stops = journal.events("run.stop")
     budget_stops = journal.events("budget.stop")
     stop_reason = stops[0][2].get("reason") if stops else ("budget_stop" if budget_stops else None)
@@ -210,6 +216,11 @@ def render(report: dict[str, Any]) -> str:
     for f in report["failed_tasks"]:
         lines.append(f"  failed {f['task']} after {f['attempts']} attempt{'s' if f['attempts'] != 1 else ''}: "
                      f"{f['errors'][-1]}")
+        if f.get("quarantined"):
+            lines.append(f"    quarantined: {f['quarantined']}")
+        stderr = [line for line in (f.get("stderr_tail") or "").splitlines() if line.strip()]
+        if stderr:
+            lines.append(f"    last stderr: {stderr[-1][-200:]}")
     if report["time_scale"] != 1.0:
         scale = report["time_scale"]
         lines.append(f"  (run time at scale {scale:g}: tasks look {scale:g}x longer than they ran)")

@@ -44,6 +44,8 @@ DRY_RUN_TIME_SCALE = 60.0
 # Set (to anything) to keep a dry run's moto server after the run, to inspect it; `broker
 # down RUN_DIR` stops it.
 KEEP_MOTO_ENV = "BROKER_DRY_RUN_KEEP_MOTO"
+# EC2 faults to inject into a dry run's moto (broker/shells/faults.py, parse_fault_spec).
+FAULTS_ENV = "BROKER_DRY_RUN_FAULTS"
 RUNS_DIR = Path("runs")
 EVENTS_FILE = "events.jsonl"
 
@@ -120,8 +122,12 @@ def run(args: argparse.Namespace) -> int:
     if not args.yes and not sys.stdin.isatty():
         raise UsageError("refusing to run without confirmation: standard input is not a terminal, so "
                          "nobody can answer the launch question; pass --yes to launch without asking")
+    if os.environ.get(FAULTS_ENV, "").strip() and not args.dry_run:
+        raise UsageError(f"{FAULTS_ENV} is set ({os.environ[FAULTS_ENV].strip()!r}): faults are injected into "
+                         f"dry runs only; unset it or add --dry-run")
     inventory = load_inventory(args.inventory, live=not args.dry_run)
     bag = load_bag(args.bag)
+    args.fault_entries = _fault_entries(args, inventory)
     args.prior_samples = load_samples(args.samples, bag, args.bag) if args.samples else None
     if not args.dry_run and inventory.types and not inventory.aws.key:
         raise UsageError(f"{args.inventory}: a live run logs in to its EC2 instances over SSH: give aws.key, "
@@ -152,6 +158,25 @@ def run(args: argparse.Namespace) -> int:
     run_dir = run_dir or RUNS_DIR / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     return _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_s)
+
+
+def _fault_entries(args, inventory) -> list | None:
+    """The EC2 faults ``BROKER_DRY_RUN_FAULTS`` names, for a dry run only."""
+    spec = os.environ.get(FAULTS_ENV, "").strip()
+    if not spec:
+        return None
+    from broker.shells.faults import parse_fault_spec
+
+    try:
+        entries = parse_fault_spec(spec, FAULTS_ENV)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    known = {t.name for t in inventory.types}
+    for entry in entries:
+        if entry.target is not None and "." in entry.target and entry.target not in known:
+            raise UsageError(f"{FAULTS_ENV}: instance type {entry.target!r} is not in {args.inventory} "
+                             f"(types: {', '.join(sorted(known)) or 'none'})")
+    return entries
 
 
 def _check_resume(args, record, goal, scale, inventory, instance_types, run_dir) -> tuple[float, float, float]:
@@ -237,6 +262,14 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
                     stop_moto_server(run_dir)
 
             stack.callback(stop_server)
+            if getattr(args, "fault_entries", None):
+                from broker.shells.faults import SpecFaultInjector
+
+                injector = SpecFaultInjector(args.fault_entries)
+                injector.on_inject = lambda i: structlog.get_logger().warning(
+                    "fault.injected", operation=i.operation, kind=i.kind.value, call=i.operation_call,
+                    detail=i.detail)
+                injector.attach(client)
             fleet = Ec2Fleet(client, settings, run_id)
         else:
             import boto3

@@ -105,6 +105,7 @@ class FaultInjector:
         self._operation_calls: dict[str, int] = {}
         self.log: list[Injection] = []
         self._attached: list[Any] = []
+        self.on_inject: Callable[[Injection], None] | None = None  # told of every injection
 
     # -- schedules -------------------------------------------------------------------------
     @classmethod
@@ -177,6 +178,10 @@ class FaultInjector:
         """The log, optionally only the injections of one kind."""
         return [i for i in self.log if kind is None or i.kind is kind]
 
+    def _draw(self, operation: str, operation_call: int, params: Mapping[str, Any]) -> FaultKind | None:
+        """This call's fault (a subclass may read the call's parameters)."""
+        return self._schedule(operation, operation_call)
+
     # -- hooks -------------------------------------------------------------------------------
     def _decide(self, params: dict[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
         """Draw this call's fault, apply PARTIAL to the parameters, and note it in ``context``
@@ -187,7 +192,7 @@ class FaultInjector:
             self._calls += 1
             operation_call = self._operation_calls.get(operation, 0)
             self._operation_calls[operation] = operation_call + 1
-        kind = self._schedule(operation, operation_call)
+        kind = self._draw(operation, operation_call, params)
         if kind is None or not kind.applies_to(operation):
             return
         detail = ""
@@ -199,8 +204,11 @@ class FaultInjector:
             params["MinCount"] = params["MaxCount"] = launched
             detail = f"launched {launched} of {asked}"
         context["broker_fault"] = kind
+        injection = Injection(call, operation, operation_call, kind, detail)
         with self._lock:
-            self.log.append(Injection(call, operation, operation_call, kind, detail))
+            self.log.append(injection)
+        if self.on_inject is not None:
+            self.on_inject(injection)
 
     def _before_call(self, model: Any, context: dict[str, Any], **_: Any) -> tuple[AWSResponse, dict] | None:
         kind = context.get("broker_fault")
@@ -218,3 +226,107 @@ class FaultInjector:
     def _after_call(self, model: Any, context: dict[str, Any], **_: Any) -> None:
         if context.get("broker_fault") is FaultKind.LOST_RESPONSE:
             raise ReadTimeoutError(endpoint_url=f"(injected, after the call was carried out) ec2 {model.name}")
+
+
+# -- faults named in text (BROKER_DRY_RUN_FAULTS) ---------------------------------------------
+
+SPEC_ENV = "BROKER_DRY_RUN_FAULTS"
+
+# Names a spec may use for each kind: its own value, EC2's error code, and a plain alias.
+_SPEC_NAMES: dict[str, FaultKind] = {}
+for _kind, _names in {
+    FaultKind.CAPACITY: ("insufficient_capacity", "InsufficientInstanceCapacity"),
+    FaultKind.LIMIT: ("instance_limit", "InstanceLimitExceeded"),
+    FaultKind.VCPU_LIMIT: ("VcpuLimitExceeded",),
+    FaultKind.THROTTLE: ("request_limit", "RequestLimitExceeded"),
+    FaultKind.READ_TIMEOUT: ("timeout",),
+    FaultKind.LOST_RESPONSE: (),
+    FaultKind.PARTIAL: ("partial_launch",),
+}.items():
+    for _name in (_kind.value, *_names):
+        _SPEC_NAMES[_name.lower()] = _kind
+_SPEC_CANONICAL = ("insufficient_capacity", "instance_limit", "vcpu_limit", "throttle", "timeout", "lost_response",
+                   "partial")
+
+
+@dataclass
+class SpecEntry:
+    """One entry of a fault spec: ``kind`` on the next ``times`` calls that match ``target``
+    (an EC2 operation such as ``DescribeInstances``, or an instance type, which means
+    RunInstances of that type; ``None``: RunInstances)."""
+
+    kind: FaultKind
+    target: str | None
+    times: int
+
+    def matches(self, operation: str, params: Mapping[str, Any]) -> bool:
+        if not self.kind.applies_to(operation):
+            return False
+        if self.kind is FaultKind.PARTIAL and int(params.get("MaxCount", 1)) < 2:
+            return False  # half of one instance is not a partial launch: wait for a bigger one
+        if self.target is None:
+            return operation == "RunInstances"
+        if "." in self.target:
+            return operation == "RunInstances" and params.get("InstanceType") == self.target
+        return operation == self.target
+
+
+def parse_fault_spec(text: str, what: str = SPEC_ENV) -> list[SpecEntry]:
+    """``KIND[:TARGET][:N],...``, e.g. ``insufficient_capacity:c5.large:1,throttle:RunInstances:2``.
+
+    KIND: ``insufficient_capacity`` (or ``capacity``, ``InsufficientInstanceCapacity``),
+    ``instance_limit`` (``limit``, ``InstanceLimitExceeded``), ``vcpu_limit``, ``throttle``
+    (``request_limit``, ``RequestLimitExceeded``), ``timeout`` (``read_timeout``: the call never
+    reached EC2), ``lost_response`` (carried out, its response lost), ``partial`` (half launched).
+    TARGET: an instance type (``c5.large``: RunInstances of that type) or an EC2 operation
+    (``RunInstances``, ``DescribeInstances``, ``TerminateInstances``); omitted: RunInstances.
+    N: how many matching calls fail (default 1).
+    Raises ValueError naming the entry that is wrong."""
+    entries = []
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        parts = item.split(":")
+        if len(parts) > 3:
+            raise ValueError(f"{what}: {item!r}: expected KIND[:TARGET][:N]")
+        kind = _SPEC_NAMES.get(parts[0].strip().lower())
+        if kind is None:
+            known = ", ".join(_SPEC_CANONICAL)
+            raise ValueError(f"{what}: {item!r}: unknown fault kind {parts[0]!r} (one of: {known})")
+        target, times = None, 1
+        rest = [p.strip() for p in parts[1:]]
+        if rest and rest[-1].isdigit():
+            times = int(rest.pop())
+        elif len(rest) == 2:
+            raise ValueError(f"{what}: {item!r}: N must be a whole number, got {rest[-1]!r}")
+        if rest:
+            target = rest[0] or None
+        if times < 1:
+            raise ValueError(f"{what}: {item!r}: N must be at least 1")
+        if target is not None and "." not in target and not (target[:1].isupper() and target.isalpha()):
+            raise ValueError(f"{what}: {item!r}: target {target!r} is neither an instance type (c5.large) "
+                             f"nor an EC2 operation (RunInstances)")
+        if target is not None and "." not in target and not kind.applies_to(target):
+            raise ValueError(f"{what}: {item!r}: {kind.value} can only be injected into RunInstances")
+        entries.append(SpecEntry(kind, target, times))
+    if not entries:
+        raise ValueError(f"{what}: no fault named")
+    return entries
+
+
+class SpecFaultInjector(FaultInjector):
+    """Injects the faults of a parsed spec: each entry on the next N calls it matches, the
+    entries tried in the order given."""
+
+    def __init__(self, entries: Sequence[SpecEntry]) -> None:
+        super().__init__(lambda operation, index: None)
+        self.entries = [SpecEntry(e.kind, e.target, e.times) for e in entries]  # own counters
+
+    def _draw(self, operation: str, operation_call: int, params: Mapping[str, Any]) -> FaultKind | None:
+        with self._lock:
+            for entry in self.entries:
+                if entry.times > 0 and entry.matches(operation, params):
+                    entry.times -= 1
+                    return entry.kind
+        return None
