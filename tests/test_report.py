@@ -44,7 +44,9 @@ def test_json_report_matches_the_runs_journal_and_events(observed_dry_run, capsy
                       "quarantined": "failed 2 times (retries: 1)", "stderr_tail": "boom\n"}
     util = report["utilization_by_type"]
     assert set(util) == set(by_type) | {"private"}
-    assert all(0 < u <= 1 for u in util.values())
+    # A share of paid slot time; an instance may be launched and released unused when the
+    # machine is slow (the work ran out first), so only the private node surely worked.
+    assert all(0 <= u <= 1 for u in util.values()) and util["private"] > 0
     assert report["time_scale"] == 60.0
 
 
