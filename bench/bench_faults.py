@@ -15,8 +15,10 @@ that fails everywhere.
 
 Damage counted (all must be 0):
 
-- lost: tasks neither done nor quarantined, unless a budget stop left them pending (those
-  are counted apart as "left by a budget stop");
+- lost: tasks neither done, nor quarantined, nor pending (waiting to run) at the end. Tasks
+  left pending are counted apart: by a budget stop (BaTS semantics: what the budget cannot
+  pay is not started), or when the run gave up with no node left to run on (a finding to
+  look at, not a loss: the journal and the report list them as left);
 - duplicated: tasks recorded done more than once, tasks both done and quarantined, and
   (dry runs) attempts started after the task's counted attempt had ended;
 - orphaned: instances still running at the end (sim: launched but never released; dry run:
@@ -85,14 +87,17 @@ def _sim_one(seed: int) -> dict:
         failures=FailurePolicy(retries=int(rng.integers(0, 5)), distinct_nodes=pick([0, 2, 3])),
     )
     config = ControllerConfig(tick_s=60.0, replan_every_s=600.0, margin_s=120.0)
-    r = Simulation(Inventory(private=private, types=types), workload, goal, config, options).run()
+    sim = Simulation(Inventory(private=private, types=types), workload, goal, config, options)
+    r = sim.run()
     done, quarantined = set(r.completions), set(r.quarantined)
+    pending = len(sim.pool)
     left = r.tasks_total - len(done | quarantined)
     return {
         "seed": seed, "tasks": r.tasks_total, "done": r.tasks_done, "quarantined": r.tasks_quarantined,
         "faults": dict(r.faults),
-        "lost": 0 if r.budget_stopped else left,
-        "left_budget": left if r.budget_stopped else 0,
+        "lost": left - pending,  # neither done, quarantined nor waiting in the pool
+        "left_budget": pending if r.budget_stopped else 0,
+        "left_gave_up": 0 if r.budget_stopped else pending,
         "duplicated": sum(c - 1 for c in r.completions.values() if c > 1) + len(done & quarantined),
         "orphaned": r.instances_launched - len(r.releases),
         "budget": goal.value if budget else None, "max_committed": r.max_committed_usd,
@@ -164,6 +169,7 @@ class DryResult:
     quarantined: int = 0
     lost: int = 0
     left_budget: int = 0
+    left_gave_up: int = 0
     duplicated: int = 0
     orphaned: int = 0
     doubled: int = 0
@@ -267,9 +273,10 @@ def run_dry(spec: DryRun, workdir: Path) -> DryResult:
         result.tasks = sum(states.values())
         result.done = states.get("done", 0)
         result.quarantined = states.get("quarantined", 0) + states.get("failed", 0)
-        left = result.tasks - result.done - result.quarantined
+        pending = states.get("pending", 0)
+        result.lost = result.tasks - result.done - result.quarantined - pending
         budget_stop = bool(_events(run_dir, "budget.stop"))
-        result.lost, result.left_budget = (0, left) if budget_stop else (left, 0)
+        result.left_budget, result.left_gave_up = (pending, 0) if budget_stop else (0, pending)
         done_events = Counter(e["task"] for e in _events(run_dir, "task.done"))
         reruns = _query(run_dir, """
             SELECT count(*) FROM attempts a JOIN tasks t ON t.id = a.task_id
@@ -335,11 +342,12 @@ def main(argv: list[str] | None = None) -> int:
         over = [s for s in budgets if s["max_committed"] > s["budget"] + 1e-9]
         worst = max((s["max_committed"] / s["budget"] for s in budgets), default=0.0)
         total = {k: sum(s[k] for s in sims) for k in ("tasks", "done", "quarantined", "lost", "left_budget",
-                                                      "duplicated", "orphaned", "bad_nodes")}
+                                                      "left_gave_up", "duplicated", "orphaned", "bad_nodes")}
         print(f"\n(a) simulator: {len(sims)} runs (seeds 0-{len(sims) - 1}), {wall:.0f} s wall")
         print("  faults injected: " + ", ".join(f"{k} {v}" for k, v in sorted(faults.items())))
         print(f"  tasks {total['tasks']}: done {total['done']}, quarantined {total['quarantined']}, "
-              f"left by a budget stop {total['left_budget']}; bad nodes found {total['bad_nodes']}")
+              f"left pending by a budget stop {total['left_budget']}, left pending when the run gave up "
+              f"{total['left_gave_up']}; bad nodes found {total['bad_nodes']}")
         print(f"  lost {total['lost']}, duplicated {total['duplicated']}, instances orphaned {total['orphaned']}, "
               f"over budget {len(over)} of {len(budgets)} budget runs "
               f"(max committed / budget: {worst:.3f})")
@@ -347,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
         for s in sims:
             if s["lost"] or s["duplicated"] or s["orphaned"] or s in over:
                 print(f"  DAMAGE seed {s['seed']}: {s}")
+        for s in sims:
+            if s["left_gave_up"]:
+                print(f"  finding: seed {s['seed']} gave up with {s['left_gave_up']} tasks pending "
+                      f"(goal {'budget' if s['budget'] is not None else 'deadline'}; {s['faults']})")
 
     chosen = [] if args.dry_runs == "none" else (
         DRY_RUNS if args.dry_runs == "all" else [d for d in DRY_RUNS if d.name in args.dry_runs.split(",")])
@@ -363,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             faults.update(r.faults)
             budget = f", max committed ${r.max_committed:.3f} of ${r.budget:.2f}" if r.budget is not None else ""
             print(f"  {r.name:28s} exit {r.returncode}: done {r.done}/{r.tasks}, quarantined {r.quarantined}, "
-                  f"lost {r.lost}, left by a budget stop {r.left_budget}, duplicated {r.duplicated}, "
+                  f"lost {r.lost}, left pending {r.left_budget + r.left_gave_up}, duplicated {r.duplicated}, "
                   f"orphaned {r.orphaned}, doubled launches {r.doubled}{budget} ({r.wall_s:.0f} s)")
             print("      injected: " + ", ".join(f"{k} {v}" for k, v in sorted(r.faults.items())))
             if r.error:

@@ -451,3 +451,54 @@ def test_a_fault_spec_reads_kinds_by_any_name_and_targets_types_or_operations():
                 "throttle:describe"]:
         with pytest.raises(ValueError, match="BROKER_DRY_RUN_FAULTS"):
             parse_fault_spec(bad)
+
+
+# -- every instance lost at once --------------------------------------------------------------
+
+CLOUD_ONLY = """\
+aws:
+  region: us-east-1
+  billing: hourly
+  types:
+    - name: c5.large
+      slots: 2
+      speed: 1.0
+      price: 0.085
+      limit: 3
+      boot: 3s
+"""
+
+
+def test_losing_every_instance_at_once_does_not_end_a_run_the_budget_can_still_pay(tmp_path, run_dir):
+    """No private node: when the whole fleet is terminated from outside, nothing runs and no
+    node is left. The run must not give up while the budget can pay: it waits for a re-plan,
+    launches again and finishes, within the budget."""
+    budget = 0.5
+    inv, bag = tmp_path / "inv.yaml", tmp_path / "bag.yaml"
+    inv.write_text(CLOUD_ONLY)
+    bag.write_text(BAG.replace("[T]", "[1.0, 1.1]").replace("retries: 2", "retries: 3"))
+    proc = start_broker("run", "--dry-run", "--yes", "--budget", f"{budget}", "--tick", "60s",
+                        "--inventory", str(inv), str(bag), "--run-dir", str(run_dir))
+    try:
+        def planned_fleet_busy():  # tasks running on the fleet of the first plan (sampling is over)
+            return query(run_dir, "SELECT count(*) FROM attempts WHERE outcome = 'running' AND started_at > "
+                                  "(SELECT min(at) FROM events WHERE name = 'plan.solved')")[0][0] > 0
+
+        wait_for(proc, run_dir, planned_fleet_busy, "tasks running on the planned fleet")
+        victims = [i for (i,) in query(run_dir, "SELECT id FROM instances WHERE state <> 'terminated'")]
+        with fake_aws_environment(DEFAULT_REGION):
+            server_client(find_moto_server(run_dir), DEFAULT_REGION).terminate_instances(InstanceIds=victims)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert proc.returncode == 0, out[-2000:] + err[-2000:]
+    lost = {e["node"] for e in events(run_dir, "node.lost")}
+    assert set(victims) <= lost
+    last_loss = max(wall_s(e) for e in events(run_dir, "node.lost"))
+    relaunched = [e for e in events(run_dir, "instance.launch") if wall_s(e) > last_loss]
+    assert relaunched, "the run should launch again after losing its whole fleet"
+    assert_every_task_done_once(run_dir, TASKS)
+    assert committed(run_dir) <= budget + 1e-9
+    assert_nothing_left(run_dir)

@@ -21,6 +21,8 @@ instances, the agents and their tasks running and the run resumable.
 A dry run's EC2 is a moto server process per run directory (``moto_world.dry_run_ec2``),
 started by the first ``broker run --dry-run`` and stopped when the run ends or by
 ``broker down``; it survives a killed daemon so that a resume finds its instances.
+``BROKER_DRY_RUN_FAULTS`` (``KIND[:TYPE|OPERATION][:N],...``, see ``faults.parse_fault_spec``)
+makes that EC2 fail on purpose: capacity, limits, throttles, timeouts, partial launches.
 """
 
 from __future__ import annotations
