@@ -194,16 +194,9 @@ def _events(run_dir: Path, name: str) -> list[dict]:
 
 
 def _agent_pids(run_dir: Path) -> list[int]:
-    marker, pids = str(run_dir).encode(), []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker in cmdline and b"agent.py" in cmdline:
-                pids.append(int(entry.name))
-    return pids
+    from tests.test_dryrun import agent_pids
+
+    return agent_pids(run_dir)
 
 
 def _moto_by_token(run_dir: Path, run_id: str) -> dict[str, list[tuple[str, str]]]:

@@ -78,6 +78,16 @@ def test_a_bad_node_stops_getting_work_and_costs_no_good_task_its_retries():
     assert 3 <= r.faults["bad_node_attempt"] <= 6
 
 
+def test_when_the_only_private_node_turns_out_bad_the_cloud_takes_its_work():
+    # The first plan leaves much of the work to the private node; once it is found bad, the
+    # re-plans must not count it as capacity any more (they did: 13 tasks were left undone).
+    r = simulate(inventory(), workload(n=100), Goal("deadline", 3 * 3600), seed=4, bad_nodes=("own",))
+    assert r.bad_nodes_found == ["own"]
+    check_exactly_once_or_quarantined(r)
+    assert r.tasks_done == r.tasks_total
+    assert r.makespan_s <= 3 * 3600
+
+
 def test_lost_instances_and_killed_agents_lose_no_task_and_keep_the_budget():
     budget = 3.0
     r = simulate(inventory(private_slots=1), workload(n=300), Goal("budget", budget), seed=7,

@@ -388,9 +388,12 @@ class Controller:
         return memory
 
     def _planner_input(self, snap: Snapshot, now: float, rem: RemainingWork):
+        # A private node that is lost (or quarantined as bad) is no capacity: planning with it
+        # would leave its work to nobody.
+        lost = {n.id for n in snap.nodes if n.is_private and n.lost}
         return self.planner.input(
             types=tuple(snap.types.values()),
-            private=self.private,
+            private=tuple(p for p in self.private if p.name not in lost) if lost else self.private,
             nodes=snap.nodes,
             rem=rem,
             now_s=now,
