@@ -25,12 +25,13 @@ Differences are printed as the thesis prints them: Diff% = (List - Ours) / Ours.
 Goals are measured and printed as PASS/MISS lines, never asserted. ``--quick`` runs
 n = 10,000, 20 machines per type (the SLA rows: LM only, n = 100,000) and BaTS's S1-4.
 
-Run time, measured on a 2-core VM: ``--quick --jobs 1`` with two BaTS scenarios took
-25 min, dominated by the BaTS policy on thesis LM/LL (its budget buys few machines: 10-18
-virtual days of 1-minute ticks, 4-7 min wall) and by our broker under BaTS budgets (S4-1:
-2.5-9 min for 1000 tasks: every re-plan bisects with ~14 CBC solves). The default run
-(n = 100,000) does not finish in 15 minutes for the same reasons; these are planner and
-controller costs reported to their owner, not costs of the report.
+Run time, measured on a 2-core VM: ``--quick`` (``--jobs 2``) took 13 min (its 100,000-task
+SLA runs 1-5 min each). An older ``--quick --jobs 1`` with two BaTS scenarios took 25 min,
+dominated by the BaTS policy on thesis LM/LL (its budget buys few machines: 10-18 virtual days
+of 1-minute ticks, 4-7 min wall) and by our broker under BaTS budgets (S4-1: 2.5-9 min for
+1000 tasks: every re-plan bisects with ~14 CBC solves). The default run (n = 100,000) does
+not finish in 15 minutes for the same reasons; these are planner and controller costs
+reported to their owner, not costs of the report.
 """
 
 from __future__ import annotations
@@ -406,8 +407,12 @@ def report_sla(outcomes: list[Outcome], goals: list[str]) -> None:
         tolerance = {0.0: 1.0, 0.3: 2.0}.get(err)
         if tolerance is not None:
             ok = o.complete and abs(dt) <= tolerance and abs(dc) <= tolerance
-            goals.append(f"{verdict(ok)} SLA {o.spec.scenario} n={o.spec.tasks:,} {o.spec.label} error {err:.0%}: "
-                         f"delivered vs promised {dt:+.1f}% makespan, {dc:+.1f}% cost (goal within {tolerance:g}%)")
+            line = (f"{verdict(ok)} SLA {o.spec.scenario} n={o.spec.tasks:,} {o.spec.label} error {err:.0%}: "
+                    f"delivered vs promised {dt:+.1f}% makespan, {dc:+.1f}% cost (goal within {tolerance:g}%)")
+            if not ok and o.complete and dt <= tolerance and dc <= tolerance:
+                line += ("; the miss is in the user's favour (earlier or cheaper than promised: the promise "
+                         "pays each machine's last billing hour in full; the thesis's Table 6.6 shows only overruns)")
+            goals.append(line)
     rows.sort(key=lambda r: (r[0], r[2], r[3]))
     table("Thesis Table 6.6: SLA deviation, proposed (the chosen point as promised) vs delivered, hours/USD, Diff %",
           ["scen.", "tasks", "point", "error", "proposed", "delivered", "Diff%", "paper proposed -> delivered (Diff%)"], rows)
@@ -473,10 +478,10 @@ def setup_notes(fronts: dict[str, FrontPoints]) -> None:
         "is within a few percent of the cost floor (the bag's true work at the lowest price per reference "
         "second, any makespan); no schedule can then be 6% cheaper. The goal line says so where it applies.",
         "SLA rows: the proposed point is the promise the controller makes when it resolves the point "
-        "(the soonest plan at the chosen point's cost). With 30% estimate error the best-makespan run "
-        "under-delivers: largest-estimate-first dispatch finishes the over-estimated tasks first, so the "
-        "actual/estimate ratio of finished tasks (and the pending tasks' estimates) run low, the remaining "
-        "work looks 10-15% smaller than it is, and the controller sheds machines it later needs again.",
+        "(the soonest plan at the chosen point's cost), at n = 100,000 as in the thesis (at n = 10,000 the "
+        "plan's fixed allowance, phi = 5 min plus half a task, is ten times the share of the makespan). "
+        "The promise is hourly: at best makespan every machine pays the hour the allowance reaches into; a "
+        "run that ends before it does not pay it (one hour in 47 is 2.1%).",
         "Best-cost point: the thesis's front ends at T_|E|, a few hours after T_lower; our front goes on to "
         "the private node alone. We take front point 2 (the fastest point that drops the inefficient types).",
         "BaTS: the runtime mean/sd are given as a hint (no sampling phase), BaTS paid $180-$450 to sample; "
