@@ -54,6 +54,13 @@ def test_the_run_list_covers_every_policy_point_and_budget(tiny_report):
         mine = {(r.policy, r.label) for r in runs if r.section == "thesis" and r.scenario == name}
         assert mine == {("broker", rp.BEST_MAKESPAN), ("broker", rp.BEST_COST), ("list", rp.BEST_MAKESPAN),
                         ("list", rp.BEST_COST), ("rr", "all machines"), ("bats", rp.BEST_COST)}
+    for name, f in fronts.items():
+        lists = {(r.label, r.variant): r for r in runs if r.scenario == name and r.policy == "list"}
+        assert set(lists) == {(rp.BEST_MAKESPAN, rp.SAME_MACHINES)} | {(rp.BEST_COST, v) for v in rp.LIST_VARIANTS}
+        # the goal's List runs on exactly the machines of our point's plan
+        assert lists[(rp.BEST_COST, rp.SAME_MACHINES)].list_fleet == f.cost_fleet
+        assert lists[(rp.BEST_MAKESPAN, rp.SAME_MACHINES)].list_fleet == f.makespan_fleet
+        assert lists[(rp.BEST_COST, rp.ETA_BY_NAME)].list_fleet is None
     sla = {(r.label, r.estimate_error) for r in runs if r.section == "sla"}
     assert sla == {(p, e) for p in (rp.BEST_MAKESPAN, rp.BEST_COST) for e in (0.0, 0.3)}
     budgets = sc.bats_budgets_usd("S1-4", TINY.bats_tasks)
@@ -68,9 +75,9 @@ def test_printed_tables_have_every_row_and_finite_numbers(tiny_report, capsys):
     for title in ("Table 6.4", "Table 6.5", "Table 6.6", "BaTS Sec. 3", "wall time per run", "Goals"):
         assert title in out
     for name in fronts:
-        # one row in each of Tables 6.4 and 6.5; LM3 has six SLA rows (0%, 10%, 30%) x 2 points
+        # one row in each of Tables 6.4, 6.5 and List_eta's; LM3 has six SLA rows (0%, 10%, 30%) x 2 points
         rows = [line for line in out.splitlines() if line.startswith(name + " ")]
-        expected = 2 + (6 if name == "LM3" else 0)
+        expected = 3 + (6 if name == "LM3" else 0)
         assert len(rows) == expected, (name, rows)
     bats_rows = [line for line in out.splitlines() if line.startswith("S1-4 ")]
     assert len(bats_rows) == 1 + 2 + 1  # RR, two budgets, our B_min
@@ -94,3 +101,35 @@ def test_min_budget_uses_the_most_profitable_cluster():
     assert sc.bats_min_budget_usd("S1-4", workload) == math.ceil(hours / 4) * 3.0
     # S4-1: cluster1 costs 4x for the same speed, so cluster0 is the most profitable.
     assert sc.bats_min_budget_usd("S4-1", workload) == math.ceil(hours) * 3.0
+
+
+def test_same_machines_list_launches_exactly_the_plans_machines(tiny_report):
+    runs, fronts, outcomes = tiny_report
+    f = fronts["LM3"]
+    spec = next(r for r in runs if r.scenario == "LM3" and r.policy == "list" and r.variant == rp.SAME_MACHINES
+                and r.label == rp.BEST_COST)
+    inventory = sc.thesis_inventory(spec.machines)
+    workload = sc.thesis_workload("LM", spec.seed, tasks=spec.tasks)
+    config = rp.ControllerConfig(policy="list", list_fleet=spec.list_fleet)
+    result = rp.Simulation(inventory, workload, rp.Goal("none", None), config, rp.SimOptions(seed=spec.seed)).run()
+    launched: dict[str, int] = {}
+    for _, type_name, count in result.fleet_changes:
+        launched[type_name] = launched.get(type_name, 0) + count
+    assert tuple(sorted(launched.items())) == f.cost_fleet
+    assert result.tasks_done == result.tasks_total
+
+
+def test_eta_faster_first_takes_the_faster_of_equally_efficient_types():
+    inventory = sc.thesis_inventory(20)
+    # the xeon is the most cost-efficient machine; c1.xlarge and c1.medium tie, c1.xlarge is faster
+    assert rp.eta_faster_first(inventory, 12) == (("c1.xlarge", 11),)
+    assert rp.eta_faster_first(inventory, 25) == (("c1.medium", 4), ("c1.xlarge", 20))
+    assert rp.eta_faster_first(inventory, 1) == ()
+
+
+def test_cost_floor_is_the_work_at_the_lowest_price_per_reference_second():
+    inventory = sc.thesis_inventory(20)
+    workload = sc.thesis_workload("LM", 1, tasks=500)
+    # the xeon: $0.32/h for 10 reference seconds per second
+    expected = float(workload.runtimes_ref_s.sum()) * 0.32 / 3600.0 / 10.0
+    assert rp.cost_floor_usd(inventory, workload) == pytest.approx(expected)

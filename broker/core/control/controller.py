@@ -51,6 +51,9 @@ POLICIES = ("broker", "list", "rr", "firstfit", "1vm4all", "bats")
 class ControllerConfig:
     policy: str = "broker"
     eta: int | None = None  # List_eta: number of most cost-efficient machines
+    # List on exactly these machines ((type, count), ...) instead of the eta most efficient:
+    # the reproduction report runs List on the machines of our front point's plan
+    list_fleet: tuple[tuple[str, int], ...] | None = None
     tick_s: float = 60.0
     margin_s: float = 120.0  # release this long before paid-until (above terminate latency)
     replan_every_s: float = 900.0
@@ -72,6 +75,8 @@ class ControllerConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.list_fleet is not None and any(count < 0 for _, count in self.list_fleet):
+            raise ValueError(f"list_fleet counts must be >= 0, got {self.list_fleet!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -589,9 +594,11 @@ class Controller:
         if memory.last_plan_at_s is None:
             memory = replace(memory, last_plan_at_s=now)
             if policy == "list":
-                for name, count in _list_eta_machines(snap.types.values(), self.private, self.config.eta).items():
-                    t = snap.types[name]
-                    s.actions.append(Launch(name, count, "list_eta", math.inf))
+                machines = (dict(self.config.list_fleet) if self.config.list_fleet is not None
+                            else _list_eta_machines(snap.types.values(), self.private, self.config.eta))
+                for name, count in machines.items():
+                    if count > 0:
+                        s.actions.append(Launch(name, min(count, snap.types[name].limit), "list_eta", math.inf))
             elif policy == "rr":
                 for t in snap.types.values():
                     if t.limit > 0:
