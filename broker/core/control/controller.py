@@ -333,6 +333,12 @@ class Controller:
         from ..plan.capacity import planning_quantum_s
 
         need = replace(rem, upper_ref_s=rem.upper_ref_s * (1.0 + h))
+        if self._status_quo(snap, memory, now, need) is None:
+            return {}  # the fleet as scheduled does not even hold the work's upper value
+        end = memory.deadline_at_s
+        # The status-quo capacity test, kept incrementally: one instance's release changes
+        # its own term only (a fleet of 200 would otherwise cost 200 terms per quantum).
+        total = sum(self._capacity_term(n, now, end, need, n.release_at_s) for n in snap.nodes if not n.lost)
         margin = self.config.margin_s
         trial: dict[str, float] = {}
         live = sorted((n for n in snap.nodes if not n.is_private and not n.lost and n.release_at_s is not None
@@ -345,19 +351,26 @@ class Controller:
             busy = max((r.started_at_s + (r.estimate_ref_s or rem.mean_ref_s) / n.speed for r in n.running),
                        default=-math.inf)
             at = n.release_at_s
+            term = self._capacity_term(n, now, end, need, at)
             while True:
                 target = t.billing.paid_until(n.launched_at_s, at + margin - q) - margin
                 if target < floor - 1e-6 or target < busy or target >= at - 1.0:
                     break
-                trial[n.id] = target
-                if self._status_quo(snap, memory, now, need, trial) is None:
-                    if at < n.release_at_s:
-                        trial[n.id] = at
-                    else:
-                        del trial[n.id]
+                shorter = self._capacity_term(n, now, end, need, target)
+                if total - term + shorter < need.upper_ref_s:
                     break
-                at = target
+                trial[n.id] = target
+                total += shorter - term
+                term, at = shorter, target
         return trial
+
+    def _capacity_term(self, n: NodeView, now: float, end: float, rem: RemainingWork, release_at_s: float | None) -> float:
+        """Reference seconds node ``n`` works from now to ``end`` (released at ``release_at_s``
+        if it is an instance), less the planner's allowance for a run's end."""
+        start = max(now, n.ready_at_s or now)
+        allowance = self.planner.options.phi_s + 0.5 * rem.mean_ref_s / n.speed
+        stop = end if n.is_private else min(end, release_at_s if release_at_s is not None else end)
+        return n.slots * n.speed * max(0.0, stop - start - allowance)
 
     def _drifted(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork) -> bool:
         """True when the fleet cannot finish the remaining work by the planned end."""
@@ -425,9 +438,8 @@ class Controller:
         deadline_s = (memory.deadline_at_s or math.inf) - now
         return self.planner.cheapest_by(pin, deadline_s)
 
-    def _status_quo(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork,
-                    releases: dict[str, float] | None = None) -> float | None:
-        """Money the fleet as scheduled (or with ``releases`` instead) will still cost, if it
+    def _status_quo(self, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork) -> float | None:
+        """Money the fleet as scheduled will still cost, if it
         finishes the work's upper value by the deadline; None when it would not (or there is
         no deadline to test)."""
         if self.goal.kind == "budget" or memory.deadline_at_s is None:
@@ -435,22 +447,18 @@ class Controller:
         end = memory.deadline_at_s
         if end <= now:
             return None
-        phi = self.planner.options.phi_s
         capacity = 0.0
         future_usd = 0.0
         for n in snap.nodes:
             if n.lost:
                 continue
-            start = max(now, n.ready_at_s or now)
-            allowance = phi + 0.5 * rem.mean_ref_s / n.speed
             if n.is_private:
-                capacity += n.slots * n.speed * max(0.0, end - start - allowance)
+                capacity += self._capacity_term(n, now, end, rem, None)
                 continue
-            rel = n.release_at_s if releases is None else releases.get(n.id, n.release_at_s)
+            rel = n.release_at_s
             if rel is None or n.launched_at_s is None:
                 return None
-            stop = min(end, rel)
-            capacity += n.slots * n.speed * max(0.0, stop - start - allowance)
+            capacity += self._capacity_term(n, now, end, rem, rel)
             t = snap.types[n.type_name]
             future_usd += t.billing.cost_usd(max(rel, now) - n.launched_at_s, t.price_per_hour) - t.billing.cost_usd(
                 now - n.launched_at_s, t.price_per_hour)

@@ -86,7 +86,10 @@ class FleetPlanner:
             except NoFeasiblePlan as exc:
                 fallback = exc.fastest
                 if fallback is not None:
-                    return PlanResult(fallback, "deadline_at_risk", str(exc))
+                    # (not str(exc): its message names the cheapest plan, a whole search)
+                    return PlanResult(fallback, "deadline_at_risk",
+                                      f"no plan meets the deadline: the fastest takes {fallback.makespan_s:.0f} s "
+                                      f"(${fallback.cost_usd:.2f})")
         # No finite deadline left (or none given): the fastest plan there is.
         try:
             plan = min_makespan(pin.types, pin.private, pin.work, math.inf, existing=pin.existing,

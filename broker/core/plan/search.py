@@ -166,11 +166,13 @@ def infeasible_deadline(catalogue: Catalogue, work: Work, deadline_s: float, opt
     if not catalogue.has_capacity():
         return nothing_to_run_on()
     fastest = solve_at(catalogue, work, fastest_horizon(catalogue, work), options)
-    cheapest = cheapest_plan(catalogue, work, options)
-    return NoFeasiblePlan(
-        f"no plan finishes {work.total_ref_s:.0f} ref-s of work within {format_duration(deadline_s)}: "
-        f"the fastest possible takes {format_duration(fastest.makespan_s)} (${fastest.cost_usd:.2f}); "
-        f"the cheapest costs ${cheapest.cost_usd:.2f} and takes {format_duration(cheapest.makespan_s)}",
-        cheapest=cheapest,
-        fastest=fastest,
-    )
+
+    def message() -> str:
+        cheapest = error.cheapest
+        return (f"no plan finishes {work.total_ref_s:.0f} ref-s of work within {format_duration(deadline_s)}: "
+                f"the fastest possible takes {format_duration(fastest.makespan_s)} (${fastest.cost_usd:.2f}); "
+                f"the cheapest costs ${cheapest.cost_usd:.2f} and takes {format_duration(cheapest.makespan_s)}")
+
+    # The cheapest plan (a whole search) only when someone reads it or the message.
+    error = NoFeasiblePlan(message, cheapest=lambda: cheapest_plan(catalogue, work, options), fastest=fastest)
+    return error

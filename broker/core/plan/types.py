@@ -8,6 +8,8 @@ which is on the same clock as the existing instances' ``paid_until_s``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import math
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -132,7 +134,24 @@ class Plan:
 class NoFeasiblePlan(Exception):
     """The goal cannot be met. ``cheapest`` and ``fastest`` say what could be done instead."""
 
-    def __init__(self, message: str, *, cheapest: Plan | None = None, fastest: Plan | None = None):
-        super().__init__(message)
-        self.cheapest = cheapest
+    def __init__(self, message: str | Callable[[], str], *, cheapest: Plan | Callable[[], Plan] | None = None,
+                 fastest: Plan | None = None):
+        # ``message`` and ``cheapest`` may be given as functions, computed when first read:
+        # the cheapest plan is a whole search, which a controller that only wants ``fastest``
+        # (every re-plan past a deadline) should not pay for.
+        super().__init__(message if isinstance(message, str) else "")
+        self._message = message
+        self._cheapest = cheapest
         self.fastest = fastest
+
+    @property
+    def cheapest(self) -> Plan | None:
+        if callable(self._cheapest):
+            self._cheapest = self._cheapest()
+        return self._cheapest
+
+    def __str__(self) -> str:
+        if callable(self._message):
+            self._message = self._message()
+            self.args = (self._message,)
+        return self._message
