@@ -112,29 +112,7 @@ def run_sim(seeds: int, parallel: int) -> list[dict]:
 
 # -- (b) real dry runs ----------------------------------------------------------------------
 
-INVENTORY = """\
-private:
-  - name: local
-    local: true
-    slots: 1
-    speed: 1.0
-aws:
-  region: us-east-1
-  billing: hourly
-  types:
-    - name: c5.large
-      slots: 2
-      speed: 1.0
-      price: 0.085
-      limit: 3
-      boot: 3s
-    - name: m5.large
-      slots: 2
-      speed: 1.0
-      price: 0.096
-      limit: 3
-      boot: 3s
-"""
+from tests.test_daemon_faults import INVENTORY  # noqa: E402 - two types, one local slot: the tests' own
 
 SCALE = 20.0
 
