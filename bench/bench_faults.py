@@ -112,7 +112,7 @@ def run_sim(seeds: int, parallel: int) -> list[dict]:
 
 # -- (b) real dry runs ----------------------------------------------------------------------
 
-from tests.test_daemon_faults import INVENTORY  # noqa: E402 - two types, one local slot: the tests' own
+from tests.test_daemon_faults import INVENTORY, moto_by_token  # noqa: E402 - two types, one local slot: the tests' own
 
 SCALE = 20.0
 
@@ -175,23 +175,6 @@ def _agent_pids(run_dir: Path) -> list[int]:
     from tests.test_dryrun import agent_pids
 
     return agent_pids(run_dir)
-
-
-def _moto_by_token(run_dir: Path, run_id: str) -> dict[str, list[tuple[str, str]]]:
-    from broker.shells.moto_world import DEFAULT_REGION, fake_aws_environment, find_moto_server, server_client
-
-    server = find_moto_server(run_dir)
-    if server is None:
-        raise RuntimeError("the run's moto server is gone")
-    with fake_aws_environment(DEFAULT_REGION):
-        pages = server_client(server, DEFAULT_REGION).describe_instances(
-            Filters=[{"Name": "tag:broker:run", "Values": [run_id]}])
-    out: dict[str, list[tuple[str, str]]] = {}
-    for r in pages["Reservations"]:
-        for i in r["Instances"]:
-            tags = {t["Key"]: t["Value"] for t in i.get("Tags", ())}
-            out.setdefault(tags.get("broker:client-token", "?"), []).append((i["InstanceId"], i["State"]["Name"]))
-    return out
 
 
 def _kill_an_instance_agent(proc: subprocess.Popen, run_dir: Path, result: DryResult) -> None:
@@ -258,7 +241,7 @@ def run_dry(spec: DryRun, workdir: Path) -> DryResult:
             result.faults[f"{e['operation']}:{e['kind']}"] += 1
         if spec.poison:
             result.faults["poison_task"] += 1
-        in_moto = _moto_by_token(run_dir, run_id)
+        in_moto = moto_by_token(run_dir)  # the tests' own lookup
         alive_in_moto = sum(1 for g in in_moto.values() for _, s in g if s not in ("terminated", "shutting-down"))
         not_terminated = _query(run_dir, "SELECT count(*) FROM instances WHERE state <> 'terminated'")[0][0]
         time.sleep(1.0)  # agents stop asynchronously at the run's end

@@ -97,3 +97,17 @@ def test_an_avoided_type_keeps_its_instances_and_gets_no_room_until_the_cooldown
 def test_the_last_node_is_never_blamed():
     book = FailureBook(FailurePolicy(retries=9, node_strikes=2))
     assert not any(book.failed(f"t{i}", "only", "exit code 1", others=0).bad_node for i in range(5))
+
+
+def test_a_run_with_nowhere_to_run_gives_up_only_when_nothing_more_can_be_bought():
+    from broker.core.control.failures import IDLE_TICKS_TO_GIVE_UP, may_give_up
+
+    rule = dict(tick_s=60.0, replan_every_s=600.0)
+    # never within the first ticks, whatever the budget says
+    assert not may_give_up(IDLE_TICKS_TO_GIVE_UP, budget_stopped=True, types_avoided=False, **rule)
+    # the budget has stopped: at once after them
+    assert may_give_up(IDLE_TICKS_TO_GIVE_UP + 1, budget_stopped=True, types_avoided=True, **rule)
+    # a re-plan may still buy: wait a whole re-plan interval, and for avoided types to return
+    assert not may_give_up(IDLE_TICKS_TO_GIVE_UP + 1, budget_stopped=False, types_avoided=False, **rule)
+    assert may_give_up(12, budget_stopped=False, types_avoided=False, **rule)
+    assert not may_give_up(100, budget_stopped=False, types_avoided=True, **rule)

@@ -66,7 +66,7 @@ from broker.core.control.actions import (
     StopForBudget,
 )
 from broker.core.control.controller import Controller, ControllerConfig, Decision
-from broker.core.control.failures import FailureBook, FailurePolicy, TypeCooldown
+from broker.core.control.failures import FailureBook, FailurePolicy, TypeCooldown, may_give_up
 from broker.core.control.pool import TaskPool
 from broker.core.control.snapshot import Goal, Memory, NodeView, Observations, RunningTask, Snapshot
 from broker.core.model import Bag, Inventory, MachineType, PrivateNode
@@ -80,7 +80,6 @@ from workers.protocol import Result, Run
 
 SETUP_TASK = "__setup__"
 # A run whose nodes are all gone and that runs nothing is over after this many idle ticks.
-IDLE_TICKS_TO_GIVE_UP = 3
 # Re-attaching to a node's agent is tried this many times over a run, then the node is lost.
 MAX_REATTACHES = 5
 
@@ -626,20 +625,11 @@ class Daemon:
         alive = any(n.alive and (n.type is None or n.release_at_s is None or n.release_at_s > now)
                     for n in self.nodes.values())
         self.idle_ticks = 0 if (running or alive) else self.idle_ticks + 1
-        if self.idle_ticks > IDLE_TICKS_TO_GIVE_UP and self._may_give_up(now):
+        if may_give_up(self.idle_ticks, budget_stopped=self.budget_stopped or self.memory.budget_stopped,
+                       types_avoided=self.cooldown.avoided(now), tick_s=self.config.tick_s,
+                       replan_every_s=self.config.replan_every_s):
             self.stop_reason = "budget_stop" if self.budget_stopped else "no_capacity"
             self.stopping = True
-
-    def _may_give_up(self, now: float) -> bool:
-        """No node and nothing running: give up, unless a re-plan may still buy capacity (the
-        budget is not stopped): then wait for avoided types to come back and for one re-plan
-        interval (every instance lost at once must not end a run the budget can still pay).
-        The simulator applies the same rule."""
-        if self.budget_stopped or self.memory.budget_stopped:
-            return True
-        if self.cooldown.avoided(now):
-            return False
-        return self.idle_ticks * self.config.tick_s > self.config.replan_every_s + self.config.tick_s
 
     # -- the controller ----------------------------------------------------------------------
     def _snapshot(self, stopping: bool = False) -> Snapshot:

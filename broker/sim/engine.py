@@ -46,7 +46,7 @@ import numpy as np
 
 from ..core.control.actions import Assign, Launch, Replicate, ScheduleRelease, StopForBudget
 from ..core.control.controller import Controller, ControllerConfig
-from ..core.control.failures import FailureBook, FailurePolicy, TypeCooldown
+from ..core.control.failures import FailureBook, FailurePolicy, TypeCooldown, may_give_up
 from ..core.control.pool import TaskPool
 from ..core.control.snapshot import Goal, Memory, NodeView, Observations, RunningTask, Snapshot
 from ..core.model import Inventory, MachineType
@@ -611,22 +611,14 @@ class Simulation:
                                                or node.release_at > self.now)
                             for node in self._live.values())
                 idle_ticks = 0 if (busy or alive) else idle_ticks + 1
-                if idle_ticks > 3 and self._may_give_up(idle_ticks):
+                if may_give_up(idle_ticks, budget_stopped=self.memory.budget_stopped,
+                                types_avoided=self.cooldown.avoided(self.now), tick_s=self.config.tick_s,
+                                replan_every_s=self.config.replan_every_s):
                     break  # nothing can make progress (budget exhausted, no private nodes)
                 self._push(self.now + self.config.tick_s, TICK, None)
         self._finish()
         self.result.sim_wall_s = time.perf_counter() - wall0
         return self.result
-
-    def _may_give_up(self, idle_ticks: int) -> bool:
-        """With no node left and nothing running: stop, unless a re-plan may still buy capacity
-        (budget not stopped): wait for avoided types to come back and one re-plan interval.
-        The daemon applies the same rule (``Daemon._watch_for_stall``)."""
-        if self.memory.budget_stopped:
-            return True
-        if self.cooldown.avoided(self.now):
-            return False
-        return idle_ticks * self.config.tick_s > self.config.replan_every_s + self.config.tick_s
 
     def _settled(self) -> int:
         return self.result.tasks_done + len(self.result.quarantined)

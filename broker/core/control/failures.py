@@ -165,3 +165,27 @@ class TypeCooldown:
             live = counts
         return {name: (replace(t, limit=min(t.limit, live.get(name, 0))) if name in avoided else t)
                 for name, t in types.items()}
+
+
+# A run with nothing running and no node left to run on waits this many monitoring ticks
+# before it may give up (a node may be between release and its replacement).
+IDLE_TICKS_TO_GIVE_UP = 3
+
+
+def may_give_up(idle_ticks: int, *, budget_stopped: bool, types_avoided: bool, tick_s: float,
+                replan_every_s: float) -> bool:
+    """Whether a run with no node left and nothing running for ``idle_ticks`` ticks ends.
+
+    Not before ``IDLE_TICKS_TO_GIVE_UP`` ticks; at once after that when the budget has
+    stopped (nothing more can be bought); otherwise only once no type is avoided after a
+    capacity or limit error and a whole re-plan interval has passed, so that losing every
+    instance at once does not end a run its budget can still pay for. The daemon and the
+    simulator both ask this.
+    """
+    if idle_ticks <= IDLE_TICKS_TO_GIVE_UP:
+        return False
+    if budget_stopped:
+        return True
+    if types_avoided:
+        return False
+    return idle_ticks * tick_s > replan_every_s + tick_s
