@@ -193,16 +193,29 @@ class Controller:
         boundary after the task's expected end (``size_ref_s`` for tasks without an
         estimate; None: the next boundary at least a tick away), while the budget allows.
         Work killed at a release is work paid for twice."""
+        # A task with copies on several machines needs only the one kept longest (a private
+        # node: forever); the others may go at their releases.
+        keeper: dict[str, tuple[float, str]] = {}
+        for n in snap.nodes:
+            until = math.inf if n.is_private else (s.release_of(n) if s.release_of(n) is not None else math.inf)
+            for r in n.running:
+                if r.task_id not in keeper or (until, n.id) > keeper[r.task_id]:
+                    keeper[r.task_id] = (until, n.id)
         for n in snap.nodes:
             if n.is_private or not n.running or n.launched_at_s is None:
                 continue
             rel = s.release_of(n)
             if rel is None or rel - now > self.config.tick_s + self.config.margin_s:
                 continue
+            mine = [r for r in n.running if keeper[r.task_id][1] == n.id]
+            if not mine:
+                continue
             need = rel + self.config.tick_s + self.config.margin_s
             if size_ref_s is not None:
-                ends = [r.started_at_s + (r.estimate_ref_s or size_ref_s) / n.speed for r in n.running]
-                if max(ends) <= rel:
+                ends = [r.started_at_s + (r.estimate_ref_s or size_ref_s) / n.speed for r in mine]
+                # A task still running past its expected end is not about to end: nothing
+                # says when it will, and its work so far is lost at the release. Keep it.
+                if max(ends) <= rel and min(ends) > now:
                     continue
                 need = max(need, max(ends) + self.config.margin_s)
             t = snap.types[n.type_name]
@@ -218,8 +231,12 @@ class Controller:
         if policy != "broker":
             return self._baseline_fleet(snap, memory, now, rem, s)
         since = math.inf if memory.last_plan_at_s is None else now - memory.last_plan_at_s
+        # A run stopped for its budget knows its fleet cannot finish the work: that is the
+        # drift the early re-plan looks for, so it waits for the regular one (each re-plan
+        # of a short budget bisects the share of the work the budget buys: ~8 searches).
         due = since >= self.config.replan_every_s - 1e-9 or (
-            since >= self.config.min_replan_gap_s - 1e-9 and self._drifted(snap, memory, now, rem)
+            since >= self.config.min_replan_gap_s - 1e-9 and not memory.budget_stopped
+            and self._drifted(snap, memory, now, rem)
         )
         if not due:
             return memory
@@ -504,11 +521,21 @@ class Controller:
                     shorten.pop(node.id, None)
                 else:
                     shorten[node.id] = first
+        # A new slot can only take a pending task, and a free slot already paid for takes
+        # one first: never launch more slots than there are pending tasks left for them
+        # (the planner sees the work as divisible; at the end of a run it would buy 50
+        # machines for 23 tasks).
+        open_slots = sum(n.slots - len(n.running) for n in snap.nodes
+                         if not n.lost and (n.is_private or s.release_of(n) is None or s.release_of(n) > now))
+        wanted_slots = max(0, len(snap.pending) - open_slots)
         for group in plan.new if len(snap.pending) else ():
             # With nothing pending, the work left is inside running tasks, which a new
             # machine cannot take over (tail replication uses paid idle slots instead).
             t = snap.types[group.type_name]
-            count = group.count
+            count = max(0, min(group.count, -(-wanted_slots // max(t.slots, 1))))
+            if count < group.count:
+                s.notes.append(f"launching {count} of {group.count} {t.name}: {len(snap.pending)} tasks pending")
+            wanted_slots -= count * t.slots
             while count > 0 and not self._affordable(snap, s, t, count, group.release_after_s):
                 count -= 1
             if count < group.count:
@@ -717,7 +744,15 @@ class Controller:
 
     def _replicate(self, snap: Snapshot, now: float, mean: float, idle_slots, s: _Scratch) -> None:
         """Tail replication: copy the running task expected to end last onto an idle paid slot
-        when the copy would end sooner there (first result wins)."""
+        when the copy would end sooner there (first result wins).
+
+        A task's expected end is its start plus its size (estimate, else the mean) at its
+        node's speed. A task already past that is *overdue*, and nothing says how long it
+        still needs; it is taken to need as long again as it has run (its total twice its
+        age: heavy-tailed runtimes, 2^x minutes, keep going the longer they have gone), so
+        an overdue task is copied to a node more than twice as fast. The copy only uses paid
+        time nobody else wants; it never keeps a machine longer (``_keep_running_work``
+        protects one copy of a task, on the machine kept longest)."""
         copies: dict[str, int] = {}
         running = []
         for n in snap.nodes:
@@ -725,14 +760,18 @@ class Controller:
                 copies[r.task_id] = copies.get(r.task_id, 0) + 1
                 est = r.estimate_ref_s if r.estimate_ref_s is not None else mean
                 end = r.started_at_s + est / n.speed
-                running.append((end, r, n))
-        running.sort(key=lambda x: (-x[0], x[1].task_id))
+                size = est
+                if end <= now:  # overdue
+                    age_ref = (now - r.started_at_s) * n.speed
+                    size = max(est, 2.0 * age_ref)
+                    end = r.started_at_s + size / n.speed
+                running.append((end, size, r, n))
+        running.sort(key=lambda x: (-x[0], x[2].task_id))
         for node, slot, limit_ref in idle_slots:
-            for i, (end, r, n) in enumerate(running):
+            for i, (end, size, r, n) in enumerate(running):
                 if copies.get(r.task_id, 0) >= 2 or n.id == node.id:
                     continue
-                est = r.estimate_ref_s if r.estimate_ref_s is not None else mean
-                if est > limit_ref or now + est / node.speed >= end:
+                if size > limit_ref or now + size / node.speed >= end:
                     continue
                 copies[r.task_id] = copies.get(r.task_id, 0) + 1
                 s.actions.append(Replicate(r.task_id, SlotRef(node.id, slot), r.attempt + 1, "tail_replication"))

@@ -86,13 +86,15 @@ def fastest_within(catalogue: Catalogue, work: Work, budget_usd: float, options:
     def cheapest_or_raise() -> Plan:
         cheapest = solve(t_sat)
         if not _fits(cheapest.cost_usd, budget_usd):
-            cheapest = fastest_within(catalogue, work, cheapest.cost_usd, options)
+            # The message names the cheapest cost (known now); the fastest of the cheapest
+            # plans is a whole search, made only if someone reads ``cheapest`` (a budget
+            # controller asks again for a share of the work and never does).
+            lowest = cheapest.cost_usd
             raise NoFeasiblePlan(
                 f"no plan for {work.total_ref_s:.0f} ref-s of work fits a budget of ${budget_usd:.2f}: "
-                f"the cheapest plan costs ${cheapest.cost_usd:.2f} and takes "
-                f"{format_duration(cheapest.makespan_s)}; the fastest takes {format_duration(fastest.makespan_s)} "
-                f"(${fastest.cost_usd:.2f})",
-                cheapest=cheapest,
+                f"the cheapest plan costs ${lowest:.2f} (taking at most {format_duration(cheapest.makespan_s)}); "
+                f"the fastest takes {format_duration(fastest.makespan_s)} (${fastest.cost_usd:.2f})",
+                cheapest=lambda: fastest_within(catalogue, work, lowest, options),
                 fastest=fastest,
             )
         return cheapest
