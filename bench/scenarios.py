@@ -50,10 +50,13 @@ def thesis_inventory(machines_per_type: int) -> Inventory:
     return Inventory(private=(XEON,), types=types)
 
 
-def thesis_workload(name: str, seed: int, *, tasks: int = THESIS_TASKS, estimate_error: float = 0.1) -> SimWorkload:
-    """LS/LM/LL with per-task estimates of relative error U(-e, +e); e = 0 gives exact ones."""
+def thesis_workload(name: str, seed: int, *, tasks: int = THESIS_TASKS,
+                    estimate_error: float | None = 0.1) -> SimWorkload:
+    """LS/LM/LL with per-task estimates of relative error U(-e, +e); e = 0 gives exact ones,
+    None none at all (non-clairvoyant: only the bag's mean is known, as a hint)."""
     spec = dict(BUILTIN[name])
-    spec["estimates"] = {"error": estimate_error}
+    if estimate_error is not None:
+        spec["estimates"] = {"error": estimate_error}
     return build_workload(spec, seed, tasks=tasks, name=name)
 
 

@@ -62,7 +62,7 @@ def test_the_run_list_covers_every_policy_point_and_budget(tiny_report):
         assert lists[(rp.BEST_MAKESPAN, rp.SAME_MACHINES)].list_fleet == f.makespan_fleet
         assert lists[(rp.BEST_COST, rp.ETA_BY_NAME)].list_fleet is None
     sla = {(r.label, r.estimate_error) for r in runs if r.section == "sla"}
-    assert sla == {(p, e) for p in (rp.BEST_MAKESPAN, rp.BEST_COST) for e in (0.0, 0.3)}
+    assert sla == {(p, e) for p in (rp.BEST_MAKESPAN, rp.BEST_COST) for e in (0.0, 0.3, None)}
     budgets = sc.bats_budgets_usd("S1-4", TINY.bats_tasks)
     bats = {(r.policy, r.label, r.goal_value) for r in runs if r.section == "bats"}
     assert bats == {("rr", "none", None)} | {(p, k, v) for k, v in budgets.items() for p in ("bats", "broker")}
@@ -75,9 +75,9 @@ def test_printed_tables_have_every_row_and_finite_numbers(tiny_report, capsys):
     for title in ("Table 6.4", "Table 6.5", "Table 6.6", "BaTS Sec. 3", "wall time per run", "Goals"):
         assert title in out
     for name in fronts:
-        # one row in each of Tables 6.4, 6.5 and List_eta's; LM3 has six SLA rows (0%, 10%, 30%) x 2 points
+        # one row in each of Tables 6.4, 6.5 and List_eta's; LM3 has eight SLA rows (0%, 10%, 30%, no estimates) x 2
         rows = [line for line in out.splitlines() if line.startswith(name + " ")]
-        expected = 3 + (6 if name == "LM3" else 0)
+        expected = 3 + (8 if name == "LM3" else 0)
         assert len(rows) == expected, (name, rows)
     bats_rows = [line for line in out.splitlines() if line.startswith("S1-4 ")]
     assert len(bats_rows) == 1 + 2 + 1  # RR, two budgets, our B_min
