@@ -20,6 +20,7 @@ feasible candidate wins; equal speeds go to the lower cost.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Mapping, Sequence
@@ -41,6 +42,33 @@ def cost_scale(costs_usd: Sequence[float]) -> int:
     return _COST_SCALES[-1]
 
 
+@functools.lru_cache(maxsize=64)
+def _knapsack(weights: tuple[int, ...], limits: tuple[int, ...], rates: tuple[float, ...]):
+    """P(w) for every cost w per ATU (see the module docstring) and, per type, the machines
+    of that type in the best configuration of each cost. Read-only results (cached)."""
+    width = sum(w * a for w, a in zip(weights, limits)) + 1
+    best = np.full(width, -np.inf)
+    best[0] = 0.0
+    picks = []  # picks[i][w]: machines of type i in the best configuration of cost w
+    for weight, rate, limit in zip(weights, rates, limits):
+        new = best.copy()
+        pick = np.zeros(width, dtype=np.int32)
+        for a in range(1, limit + 1):
+            shift = a * weight
+            if shift >= width:
+                break
+            candidate = best[: width - shift] + a * rate
+            better = candidate > new[shift:]
+            new[shift:][better] = candidate[better]
+            pick[shift:][better] = a
+        best = new
+        picks.append(pick)
+    best.flags.writeable = False
+    for p in picks:
+        p.flags.writeable = False
+    return best, tuple(picks)
+
+
 def bats_configuration(
     types: Sequence[MachineType],
     work_tasks: int,
@@ -59,33 +87,24 @@ def bats_configuration(
     scale = cost_scale(atu_cost_usd)
     weights = [math.ceil(c * scale - 1e-6) for c in atu_cost_usd]
     rates = [t.slots / mean_runtime_per_type_s[t.name] for t in usable]  # tasks per second per machine
-    width = sum(w * t.limit for w, t in zip(weights, usable)) + 1
-    best = np.full(width, -np.inf)
-    best[0] = 0.0
-    picks = []  # picks[i][w]: machines of type i in the best configuration of cost w
-    for weight, rate, t in zip(weights, rates, usable):
-        new = best.copy()
-        pick = np.zeros(width, dtype=np.int32)
-        for a in range(1, t.limit + 1):
-            shift = a * weight
-            if shift >= width:
-                break
-            candidate = np.full(width, -np.inf)
-            candidate[shift:] = best[: width - shift] + a * rate
-            better = candidate > new
-            new[better] = candidate[better]
-            pick[better] = a
-        best = new
-        picks.append(pick)
+    # The knapsack depends on the rates only up to a common factor (a re-plan that learns a
+    # new mean scales them all): solve it once per catalogue and shape of the rates.
+    top = max(rates)
+    shape = tuple(round(r / top, 12) for r in rates)
+    unit_best, picks = _knapsack(tuple(weights), tuple(t.limit for t in usable), shape)
+    best = unit_best * top
 
     chosen_w, chosen_speed, chosen_atus = None, 0.0, 0
-    for w in np.flatnonzero(best > 0):
-        speed = float(best[w])
-        atus = max(1, math.ceil(work_tasks / (atu_s * speed) - 1e-9))
-        if int(w) * atus > budget_usd * scale + 1e-6:
-            continue
-        if speed > chosen_speed * (1 + 1e-12):
-            chosen_w, chosen_speed, chosen_atus = int(w), speed, atus
+    ws = np.flatnonzero(best > 0)
+    if ws.size:
+        speeds = best[ws]
+        atus = np.maximum(1, np.ceil(work_tasks / (atu_s * speeds) - 1e-9))
+        fits = ws * atus <= budget_usd * scale + 1e-6
+        if fits.any():
+            fastest = speeds[fits].max()
+            # the cheapest configuration among the fastest (equal within 1e-12)
+            k = int(np.flatnonzero(fits & (speeds >= fastest / (1 + 1e-12)))[0])
+            chosen_w, chosen_speed, chosen_atus = int(ws[k]), float(speeds[k]), int(atus[k])
     if chosen_w is None:
         cheapest = min(
             weights[i] * max(1, math.ceil(work_tasks / (atu_s * rates[i]) - 1e-9)) for i in range(len(usable))
