@@ -272,3 +272,16 @@ def test_regression_cbc_called_a_barely_feasible_model_infeasible():
     plan = min_cost(types, private, work, 129413.02207841328)
     assert plan.status == "optimal"
     assert plan.cost_usd == 0.0 and not plan.new
+
+
+def test_an_instance_paid_past_the_deadline_counts_without_buying_more():
+    # One running instance paid for the hour, a deadline in 30 minutes: 1,000 reference
+    # seconds (plus the end-of-run allowance, 300 s + half a task) fit in what is paid, so
+    # nothing is bought; 1,500 do not, and one more instance is. (The model once left the
+    # paid capacity out and bought a machine for work already covered.)
+    t = MachineType("m", 1, 1.0, 1.0, 5, 0.0, Billing.hourly())
+    running = [ExistingInstance(id="i-1", type_name="m", launched_at_s=0.0, paid_until_s=3600.0, ready_at_s=0.0)]
+    covered = min_cost([t], [], Work(1000.0, 1, 1000.0, 0.0), 1800.0, existing=running, now_s=0.0)
+    assert covered.new == () and covered.cost_usd == 0.0 and covered.makespan_s <= 1800.0 + 1e-6
+    short = min_cost([t], [], Work(1500.0, 1, 1500.0, 0.0), 1800.0, existing=running, now_s=0.0)
+    assert sum(g.count for g in short.new) == 1 and short.cost_usd == 1.0

@@ -199,11 +199,19 @@ def _solve_ilp(catalogue: Catalogue, work: Work, model_s: float, horizon_s: floa
         readers.append(lambda c, x=x, name=p.node.name: c.shares.__setitem__(name, float(x.value() or 0.0)))
 
     prob += pulp.lpSum(cost_terms)
+    # Running instances paid beyond the horizon have nothing to decide (``_existing_terms``
+    # gives them no variables), but their capacity up to the horizon is there: the other
+    # terms need only cover the rest. (Left out, a re-plan bought new machines for work the
+    # paid ones already covered, or found the model infeasible and fell back to greedy.)
+    fixed = sum(old.rate_per_s * max(0.0, T - old.start_s) for old in catalogue.existing if old.paid_s >= T)
+    need = work.total_ref_s - fixed
+    if need <= work.total_ref_s * WORK_RTOL:
+        return assemble(catalogue, work, horizon_s, Choice(), OPTIMAL, _ms_since(started))
     # The work row is normalized (right-hand side 1): capacities in reference seconds reach
     # 1e6-1e8, and on such rows CBC's feasibility pump has accepted a plan a few reference
     # seconds short and then declared the model infeasible. If CBC still finds nothing, the
     # row is tightened by one part in 1e6 and solved once more before the greedy fallback.
-    scale = 1.0 / max(work.total_ref_s, 1e-9)
+    scale = 1.0 / max(need, 1e-9)
     for attempt, slack in enumerate((0.0, 1e-6)):
         if attempt:
             prob.constraints.pop("work")
