@@ -26,13 +26,12 @@ Differences are printed as the thesis prints them: Diff% = (List - Ours) / Ours.
 Goals are measured and printed as PASS/MISS lines, never asserted. ``--quick`` runs
 n = 10,000, 20 machines per type (the SLA rows: LM only, n = 100,000) and BaTS's S1-4.
 
-Run time, measured on a 2-core VM: ``--quick`` (``--jobs 2``) took 13 min (its 100,000-task
-SLA runs 1-5 min each). An older ``--quick --jobs 1`` with two BaTS scenarios took 25 min,
-dominated by the BaTS policy on thesis LM/LL (its budget buys few machines: 10-18 virtual days
-of 1-minute ticks, 4-7 min wall) and by our broker under BaTS budgets (S4-1: 2.5-9 min for
-1000 tasks: every re-plan bisects with ~14 CBC solves). The default run (n = 100,000) does
-not finish in 15 minutes for the same reasons; these are planner and controller costs
-reported to their owner, not costs of the report.
+Run time, measured on a 2-core VM (``--jobs 2``, with a test run sharing the cores): the
+default run, 86 simulations, 21.5 min (its output is kept in ``bench/results/reproduce-full.txt``);
+``--quick``, 37 simulations, 6 min. The longest runs are our broker under BaTS's budgets (a
+budget re-plan is a search of 10-15 CBC solves; S4-1: about a minute for 1,000 tasks) and the
+BaTS policy on thesis LM/LL, which its budget keeps on few machines until the simulator's
+60-day cap.
 """
 
 from __future__ import annotations
