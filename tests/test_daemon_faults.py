@@ -79,6 +79,7 @@ TICK_S = 60.0  # the default monitoring interval, in run time: 3 wall seconds at
 # a loaded machine (a CBC solve holding the loop, an agent's restart) does not eat a tick.
 KILL_SCALE = 10.0
 GOAL = ("--deadline", "3m")
+LONG_TASK_S = 2.0  # wall seconds: 40 s of run time, most of a tick
 
 
 def write_inputs(tmp_path: Path, task_s: float = 0.4) -> tuple[Path, Path]:
@@ -172,7 +173,10 @@ def injected(run_dir: Path) -> list[tuple[str, str]]:
                                              ("InstanceLimitExceeded:c5.large:1", "limit")])
 def test_a_type_refused_for_capacity_or_limit_is_avoided_and_the_run_replans_onto_another(
         tmp_path, run_dir, spec, kind):
-    inv, bag = write_inputs(tmp_path)
+    # Tasks long enough that the private slot cannot finish the bag before the next tick:
+    # the broker never buys more slots than there are pending tasks, so with half-second
+    # tasks there is nothing left to re-plan for by then.
+    inv, bag = write_inputs(tmp_path, task_s=LONG_TASK_S)
     done = broker(*run_args(inv, bag, run_dir), faults=spec, keep_moto=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert injected(run_dir) == [("RunInstances", kind)]
@@ -212,7 +216,7 @@ def test_throttles_timeouts_and_lost_responses_are_retried_and_never_launch_twic
 
 
 def test_a_partial_launch_is_topped_up_on_another_type(tmp_path, run_dir):
-    inv, bag = write_inputs(tmp_path)
+    inv, bag = write_inputs(tmp_path, task_s=LONG_TASK_S)  # see the test above
     done = broker(*run_args(inv, bag, run_dir), faults="partial:c5.large", keep_moto=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert injected(run_dir) == [("RunInstances", "partial")]
