@@ -480,7 +480,10 @@ def test_losing_every_instance_at_once_does_not_end_a_run_the_budget_can_still_p
     budget = 0.5
     inv, bag = tmp_path / "inv.yaml", tmp_path / "bag.yaml"
     inv.write_text(CLOUD_ONLY)
-    bag.write_text(BAG.replace("[T]", "[1.0, 1.1]").replace("retries: 2", "retries: 3"))
+    # Tasks of 2 s: the fleet must still have work when the test terminates it (with 1 s
+    # tasks a loaded machine let the bag finish first: the broker released the instances
+    # itself and none was ever lost; failed once in CI).
+    bag.write_text(BAG.replace("[T]", "[2.0, 2.1]").replace("retries: 2", "retries: 3"))
     proc = start_broker("run", "--dry-run", "--yes", "--budget", f"{budget}", "--tick", "60s",
                         "--inventory", str(inv), str(bag), "--run-dir", str(run_dir))
     try:
