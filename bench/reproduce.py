@@ -176,15 +176,7 @@ LIST_VARIANTS = (SAME_MACHINES, ETA_BY_NAME, ETA_FASTER_FIRST)
 def eta_faster_first(inventory, eta: int) -> tuple[tuple[str, int], ...]:
     """The eta most cost-efficient machines (private nodes count), equally efficient ones
     taken faster first."""
-    machines = [(math.inf, p.capacity_per_s, p.name, None) for p in inventory.private]
-    for t in inventory.types:
-        machines += [(t.efficiency, t.capacity_per_s, t.name, t.name)] * t.limit
-    machines.sort(key=lambda m: (-m[0], -m[1], m[2]))
-    counts: dict[str, int] = {}
-    for *_, type_name in machines[:eta]:
-        if type_name is not None:
-            counts[type_name] = counts.get(type_name, 0) + 1
-    return tuple(sorted(counts.items()))
+    return tuple(sorted(_list_eta_machines(inventory.types, inventory.private, eta, faster_first=True).items()))
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,7 +79,6 @@ from broker.shells.journal import AttemptResult, Journal
 from workers.protocol import Result, Run
 
 SETUP_TASK = "__setup__"
-# A run whose nodes are all gone and that runs nothing is over after this many idle ticks.
 # Re-attaching to a node's agent is tried this many times over a run, then the node is lost.
 MAX_REATTACHES = 5
 

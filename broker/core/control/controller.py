@@ -532,13 +532,14 @@ class Controller:
             # With nothing pending, the work left is inside running tasks, which a new
             # machine cannot take over (tail replication uses paid idle slots instead).
             t = snap.types[group.type_name]
-            count = max(0, min(group.count, -(-wanted_slots // max(t.slots, 1))))
-            if count < group.count:
-                s.notes.append(f"launching {count} of {group.count} {t.name}: {len(snap.pending)} tasks pending")
-            wanted_slots -= count * t.slots
+            wanted = max(0, min(group.count, -(-wanted_slots // max(t.slots, 1))))
+            if wanted < group.count:
+                s.notes.append(f"launching {wanted} of {group.count} {t.name}: {len(snap.pending)} tasks pending")
+            wanted_slots -= wanted * t.slots
+            count = wanted
             while count > 0 and not self._affordable(snap, s, t, count, group.release_after_s):
                 count -= 1
-            if count < group.count:
+            if count < wanted:
                 s.notes.append(f"budget cap: launching {count} of {group.count} {t.name}")
             if count > 0:
                 s.actions.append(Launch(t.name, count, result.cause or "plan", group.release_after_s - margin))
@@ -768,7 +769,7 @@ class Controller:
                 running.append((end, size, r, n))
         running.sort(key=lambda x: (-x[0], x[2].task_id))
         for node, slot, limit_ref in idle_slots:
-            for i, (end, size, r, n) in enumerate(running):
+            for end, size, r, n in running:
                 if copies.get(r.task_id, 0) >= 2 or n.id == node.id:
                     continue
                 if size > limit_ref or now + size / node.speed >= end:
@@ -826,19 +827,20 @@ def _most_efficient(types) -> MachineType | None:
     return best
 
 
-def _list_eta_machines(types, private, eta: int | None) -> dict[str, int]:
-    """The eta most cost-efficient machines (private nodes count as machines too)."""
-    machines: list[tuple[float, str, str | None]] = []
+def _list_eta_machines(types, private, eta: int | None, faster_first: bool = False) -> dict[str, int]:
+    """The eta most cost-efficient machines (private nodes count as machines too); equally
+    efficient ones by name, or faster first (the reproduction report shows both readings)."""
+    machines: list[tuple[float, float, str, str | None]] = []
     for p in private:
         eff = math.inf if p.cost_per_hour <= 0 else p.capacity_per_s * 3600 / p.cost_per_hour
-        machines.append((eff, p.name, None))
+        machines.append((eff, p.capacity_per_s, p.name, None))
     for t in types:
         for _ in range(t.limit):
-            machines.append((t.efficiency, t.name, t.name))
-    machines.sort(key=lambda m: (-m[0], m[1]))
+            machines.append((t.efficiency, t.capacity_per_s, t.name, t.name))
+    machines.sort(key=lambda m: (-m[0], -m[1] if faster_first else 0.0, m[2]))
     eta = len(machines) if eta is None else eta
     counts: dict[str, int] = {}
-    for _, _, type_name in machines[:eta]:
+    for *_, type_name in machines[:eta]:
         if type_name is not None:
             counts[type_name] = counts.get(type_name, 0) + 1
     return counts

@@ -6,8 +6,8 @@ quantile of the confidence level.
 
 - Pending tasks without estimates are mean-sized. The mean (and sd) counts the running
   tasks without estimates as censored: each at its age plus its expected residual
-  (``censored_moments``); finished tasks alone are the short ones. Pending tasks with the bag's estimates
-  are corrected by the ratio r = sum(actual) / sum(estimate) over finished tasks that had one,
+  (``censored_moments``); finished tasks alone are the short ones. Pending tasks with the
+  bag's estimates are corrected by the ratio r = sum(actual) / sum(estimate) over finished tasks that had one,
   but only upward (r >= 1): dispatch runs the largest estimates first, so the finished tasks
   are the over-estimated ones and their ratio runs low even when the estimates are right on
   average (30% error: r = 0.87 after 3 of 46 hours, the remaining work taken 14% short and

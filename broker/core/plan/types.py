@@ -8,9 +8,8 @@ which is on the same clock as the existing instances' ``paid_until_s``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Mapping
 
