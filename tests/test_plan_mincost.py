@@ -139,6 +139,39 @@ def test_min_cost_with_existing_instances_equals_brute_force(seed):
     assert ext.release_at_s == pytest.approx(existing[0].paid_until_s + ext.extra_quanta * quantum(billing, EXACT))
 
 
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_batch_of_equal_instances_equals_brute_force_per_instance(seed):
+    # The model gives instances it cannot tell apart (one type, launched together) one set of
+    # summed variables; the brute force still decides each instance on its own. Same optimum,
+    # and the per-instance extensions the plan deals out must deliver the capacity it claims.
+    rng = random.Random(300 + seed)
+    types, billing = random_catalogue(rng, 2)
+    types = [MachineType(t.name, t.slots, t.speed, t.price_per_hour, rng.randint(3, 4) if i == 0 else 2,
+                         t.boot_s, t.billing) for i, t in enumerate(types)]
+    q = quantum(billing, EXACT)
+    now = 5000.0
+    paid = now + rng.uniform(0.1, 0.9) * q
+    batch = [ExistingInstance(f"i-{k}", "t0", now - 100, paid) for k in range(rng.randint(2, 3))]
+    odd = [ExistingInstance("i-odd", "t1", now - 50, now + rng.uniform(0.1, 0.9) * q, ready_at_s=now + 30)]
+    existing = batch + odd
+    T = rng.uniform(1.5, 3.0) * q + 1800
+    rate = sum(t.capacity_per_s * t.limit for t in types)
+    work = Work(total_ref_s=rate * T * rng.uniform(0.3, 0.8), tasks=50, mean_ref_s=120.0)
+    expected = brute_force_cost(types, [], work, T, EXACT, existing, now)
+    if math.isinf(expected):
+        with pytest.raises(NoFeasiblePlan):
+            min_cost(types, [], work, T, existing=existing, now_s=now, options=EXACT)
+        return
+    plan = min_cost(types, [], work, T, existing=existing, now_s=now, options=EXACT)
+    assert plan.cost_usd == pytest.approx(expected, rel=1e-7, abs=1e-5)
+    assert sum(plan.capacity.values()) >= work.total_ref_s * (1 - 1e-9)
+    assert {e.instance_id for e in plan.existing} == {e.id for e in existing}
+    by_id = {e.id: e for e in existing}
+    for ext in plan.existing:
+        assert ext.release_at_s == pytest.approx(by_id[ext.instance_id].paid_until_s + ext.extra_quanta * q)
+        assert ext.release_at_s <= now + T + q  # never extended past the quantum that reaches T
+
 def test_already_paid_instance_is_used_before_buying_new_ones():
     small = MachineType("small", 2, 1.0, 0.10, limit=5)
     now = 10_000.0
