@@ -1,7 +1,17 @@
 """Shared fixtures. Fixtures for real servers live in their own modules, loaded here."""
 
+import os
+
 import pytest
 import structlog
+from hypothesis import settings
+
+# In CI the property tests draw the same examples every run (derandomized): a red CI then
+# means a change broke something, not that this run drew an unlucky example, and the run
+# takes the same time each time. Locally they draw fresh examples, exploring further.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+if os.environ.get("CI") == "true":
+    settings.load_profile("ci")
 
 pytest_plugins = ["tests.sshd_fixtures", "tests.run_fixtures"]
 
