@@ -51,10 +51,13 @@ def thesis_inventory(machines_per_type: int) -> Inventory:
 
 
 def thesis_workload(name: str, seed: int, *, tasks: int = THESIS_TASKS,
-                    estimate_error: float | None = 0.1) -> SimWorkload:
+                    estimate_error: float | None = 0.1, x_cut_hi: float | None = None) -> SimWorkload:
     """LS/LM/LL with per-task estimates of relative error U(-e, +e); e = 0 gives exact ones,
-    None none at all (non-clairvoyant: only the bag's mean is known, as a hint)."""
+    None none at all (non-clairvoyant: only the bag's mean is known, as a hint).
+    ``x_cut_hi`` moves the upper tail cut of LM/LL (default ``DEFAULT_X_CUT``)."""
     spec = dict(BUILTIN[name])
+    if x_cut_hi is not None:
+        spec["runtime"] = dict(spec["runtime"], x_cut=[DEFAULT_X_CUT[0], x_cut_hi])
     if estimate_error is not None:
         spec["estimates"] = {"error": estimate_error}
     return build_workload(spec, seed, tasks=tasks, name=name)

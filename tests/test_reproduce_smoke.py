@@ -133,3 +133,20 @@ def test_cost_floor_is_the_work_at_the_lowest_price_per_reference_second():
     # the xeon: $0.32/h for 10 reference seconds per second
     expected = float(workload.runtimes_ref_s.sum()) * 0.32 / 3600.0 / 10.0
     assert rp.cost_floor_usd(inventory, workload) == pytest.approx(expected)
+
+
+def test_thesis_cut_table_obeys_the_cut_and_orders_the_front():
+    # bench/thesis_cut.py at n = 2,000: every row's longest task is within its cut, and a
+    # looser cut gives a longer longest task; point 2 is slower and cheaper than point 1.
+    import thesis_cut
+
+    rows = thesis_cut.cut_rows(seed=2, tasks=2000, cuts=(6, 8, 10))
+    assert [(r.scenario, r.hi) for r in rows] == [(s, hi) for s in ("LM20", "LM60", "LL20", "LL60")
+                                                  for hi in (6, 8, 10)]
+    for r in rows:
+        assert r.longest_h * 60 <= 2 ** r.hi + 1e-6
+        assert r.work_h > 0 and math.isfinite(r.point2[1])
+        assert r.point2[0] > r.best_makespan[0] and r.point2[1] < r.best_makespan[1]
+    for a, b in zip(rows, rows[1:]):
+        if a.scenario == b.scenario:
+            assert b.longest_h > a.longest_h
