@@ -6,6 +6,11 @@ Catalogues: the thesis (ALGORITHMS.md 7: m1.small 1/$0.080, c1.medium 5/$0.165, 
 4/$0.320, c1.xlarge 20/$0.660, private speed 10 at $0.320; 20 and 60 of each, hourly) with
 n = 100,000 LM-like tasks, and a 20-type per-second catalogue. Goals: one solve <= 20 ms,
 a 24-point front <= 0.5 s. Prints medians; no asserts.
+
+Re-plans with running instances (BaTS-like: two clusters of 32 one-slot machines at $3 an
+hour, all 64 running, 500 tasks of 15 min left): one solve at a deadline and a budget search,
+with the 64 launched in two batches (the model sums each batch's variables) against the same
+64 launched a second apart (one set of variables each, as every instance had before).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import pulp  # noqa: E402
 
 from broker.core.billing import Billing  # noqa: E402
-from broker.core.model import MachineType, PrivateNode  # noqa: E402
+from broker.core.model import ExistingInstance, MachineType, PrivateNode  # noqa: E402
 from broker.core.plan import PlanOptions, Work, min_cost, min_makespan, pareto_front  # noqa: E402
 
 # LM workload (thesis Tables 5.6, 6.3): 2^x minutes, x ~ N(1.8, 3), cut at x <= 6 (64 min).
@@ -51,6 +56,31 @@ def per_second_20():
     types = [MachineType(t.name, t.slots, t.speed, round(0.02 * t.slots * t.speed * rng.uniform(0.8, 1.25), 4),
                          t.limit, t.boot_s, t.billing) for t in types]
     return types, []
+
+
+def running_fleet(staggered: bool):
+    """BaTS-like clusters, all 64 machines running for 30 minutes of their first hour."""
+    types = [MachineType("cluster0", 1, 1.0, 3.0, 32), MachineType("cluster1", 1, 1.0, 3.0, 32)]
+    existing = [ExistingInstance(f"{t.name}-{k}", t.name, launched_at_s=(k + 32 * j if staggered else 0.0),
+                                 paid_until_s=3600.0 + (k + 32 * j if staggered else 0.0))
+                for j, t in enumerate(types) for k in range(32)]
+    return types, existing
+
+
+def replan_rows(repeat: int) -> None:
+    work = Work(500 * 900.0, 500, 900.0, 134.0)
+    now = 1800.0
+    print(f"\n{'re-plan, 64 running':24} {'solve at 4h ms':>14} {'budget search ms':>17}")
+    results = {}
+    for staggered in (False, True):
+        types, existing = running_fleet(staggered)
+        one = median_ms(lambda: min_cost(types, [], work, 4 * 3600.0, existing=existing, now_s=now), repeat)
+        search = median_ms(lambda: min_makespan(types, [], work, 340.0, existing=existing, now_s=now), repeat)
+        label = "launched 1 s apart" if staggered else "two batches of 32"
+        results[staggered] = (one, search)
+        print(f"{label:24} {one:14.1f} {search:17.1f}")
+    (b1, b2), (s1, s2) = results[False], results[True]
+    print(f"{'ratio apart / batches':24} {s1 / b1:13.1f}x {s2 / b2:16.1f}x")
 
 
 def median_ms(fn, repeat: int) -> float:
@@ -88,6 +118,7 @@ def main() -> None:
             whole = median_ms(lambda: pareto_front(types, private, work, options=options), max(1, args.repeat // 2))
             print(f"{name:24} {solver:6} {deadline / 3600:8.1f}h {one:11.1f} {len(front):7d} {whole:9.0f}"
                   f" {one / 20:7.1f}x {whole / 500:7.1f}x")
+    replan_rows(args.repeat)
 
 
 if __name__ == "__main__":

@@ -26,12 +26,11 @@ Differences are printed as the thesis prints them: Diff% = (List - Ours) / Ours.
 Goals are measured and printed as PASS/MISS lines, never asserted. ``--quick`` runs
 n = 10,000, 20 machines per type (the SLA rows: LM only, n = 100,000) and BaTS's S1-4.
 
-Run time, measured on a 2-core VM (``--jobs 2``, with a test run sharing the cores): the
-default run, 86 simulations, 21.5 min (its output is kept in ``bench/results/reproduce-full.txt``);
-``--quick``, 37 simulations, 6 min. The longest runs are our broker under BaTS's budgets (a
-budget re-plan is a search of 10-15 CBC solves; S4-1: about a minute for 1,000 tasks) and the
-BaTS policy on thesis LM/LL, which its budget keeps on few machines until the simulator's
-60-day cap.
+Run time, measured on a 2-core VM (``--jobs 2``): the default run, 86 simulations, 6.3 min
+(its output is kept in ``bench/results/reproduce-full.txt``); ``--quick``, 37 simulations,
+72 s. The longest runs (20-30 s each) are our broker under BaTS's budgets (a budget re-plan is
+a search of about ten CBC solves), the best-cost points on LL, and the BaTS policy on thesis
+LM/LL, which its budget keeps on few machines until the simulator's 60-day cap.
 """
 
 from __future__ import annotations
@@ -457,7 +456,9 @@ def report_speed(outcomes: list[Outcome], goals: list[str]) -> None:
 def setup_notes(fronts: dict[str, FrontPoints]) -> None:
     print("\nSetup, and where the papers leave it open")
     notes = [
-        sc.pow2_cut_note() + " (the thesis's normal tails are unbounded; it does not say how it cut them).",
+        sc.pow2_cut_note() + " (the thesis's normal tails are unbounded; it does not say how it cut them). "
+        "How our front moves with the cut, beside the thesis's figures, and whether a longer tail opens a "
+        "gap to List: bench/thesis_cut.py (output kept in bench/results/thesis-cut.txt).",
         "Estimates: one tool, per-task relative error U(-e, +e) (thesis: tau = 2 tools of maximum error e, "
         "weighted by Eq. 6.1; the error's distribution is not given).",
         "Catalogue: one slot per type, hourly billing, no boot delay; the xeon is one slot of speed 10 "
