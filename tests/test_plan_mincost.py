@@ -116,6 +116,19 @@ def test_min_cost_equals_brute_force_on_small_catalogues(seed):
         assert plan.fleet[t.name] <= t.limit
 
 
+def min_cost_matching_brute_force(types, work, T, existing, now):
+    """min_cost with running instances, checked against the brute force: None when both say
+    no plan exists."""
+    expected = brute_force_cost(types, [], work, T, EXACT, existing, now)
+    if math.isinf(expected):
+        with pytest.raises(NoFeasiblePlan):
+            min_cost(types, [], work, T, existing=existing, now_s=now, options=EXACT)
+        return None
+    plan = min_cost(types, [], work, T, existing=existing, now_s=now, options=EXACT)
+    assert plan.cost_usd == pytest.approx(expected, rel=1e-7, abs=1e-5)
+    return plan
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_min_cost_with_existing_instances_equals_brute_force(seed):
     rng = random.Random(100 + seed)
@@ -128,16 +141,11 @@ def test_min_cost_with_existing_instances_equals_brute_force(seed):
                                  ready_at_s=rng.choice([None, now + 30]))]
     T = rng.uniform(1.5, 3.0) * q + 1800
     work = Work(total_ref_s=types[0].capacity_per_s * T * rng.uniform(0.5, 2.0), tasks=50, mean_ref_s=120.0)
-    expected = brute_force_cost(types, [], work, T, EXACT, existing, now)
-    if math.isinf(expected):
-        with pytest.raises(NoFeasiblePlan):
-            min_cost(types, [], work, T, existing=existing, now_s=now, options=EXACT)
+    plan = min_cost_matching_brute_force(types, work, T, existing, now)
+    if plan is None:
         return
-    plan = min_cost(types, [], work, T, existing=existing, now_s=now, options=EXACT)
-    assert plan.cost_usd == pytest.approx(expected, rel=1e-7, abs=1e-5)
     (ext,) = plan.existing
     assert ext.release_at_s == pytest.approx(existing[0].paid_until_s + ext.extra_quanta * quantum(billing, EXACT))
-
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -158,13 +166,9 @@ def test_a_batch_of_equal_instances_equals_brute_force_per_instance(seed):
     T = rng.uniform(1.5, 3.0) * q + 1800
     rate = sum(t.capacity_per_s * t.limit for t in types)
     work = Work(total_ref_s=rate * T * rng.uniform(0.3, 0.8), tasks=50, mean_ref_s=120.0)
-    expected = brute_force_cost(types, [], work, T, EXACT, existing, now)
-    if math.isinf(expected):
-        with pytest.raises(NoFeasiblePlan):
-            min_cost(types, [], work, T, existing=existing, now_s=now, options=EXACT)
+    plan = min_cost_matching_brute_force(types, work, T, existing, now)
+    if plan is None:
         return
-    plan = min_cost(types, [], work, T, existing=existing, now_s=now, options=EXACT)
-    assert plan.cost_usd == pytest.approx(expected, rel=1e-7, abs=1e-5)
     assert sum(plan.capacity.values()) >= work.total_ref_s * (1 - 1e-9)
     assert {e.instance_id for e in plan.existing} == {e.id for e in existing}
     by_id = {e.id: e for e in existing}
