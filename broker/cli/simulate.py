@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 
 def register(sub) -> None:
@@ -59,10 +60,14 @@ def run(args) -> int:
         raise UsageError(f"--tick: {exc}") from None
     config = ControllerConfig(policy=args.policy, eta=args.eta, tick_s=tick_s)
     options = SimOptions(seed=args.seed, speed_noise=args.speed_noise, failure_rate=args.failure_rate)
-    result = Simulation(inventory, workload, goal, config, options).run()
+    progress = ProgressView(len(workload.runtimes_ref_s))
+    try:
+        result = Simulation(inventory, workload, goal, config, options).run(on_progress=progress)
+    finally:
+        progress.close()
     if args.json:
         print(json.dumps(result.to_json()))
-        return 0
+        return 1 if result.tasks_left else 0
     r = result
     out = sys.stdout
     print(f"policy {r.policy}: {r.tasks_done}/{r.tasks_total} tasks in {format_duration(r.makespan_s)} "
@@ -78,3 +83,46 @@ def run(args) -> int:
         print(f"{r.tasks_left} tasks left unfinished", file=out)
         return 1
     return 0
+
+
+class ProgressView:
+    """Simulation progress on stderr: one line redrawn in place (at most five times a second)
+    on a terminal, else a ``sim.progress`` event each time another tenth of the bag is done.
+    stdout is left to the result (``--json`` prints exactly one object there)."""
+
+    def __init__(self, total: int, stream=None, clock=time.monotonic) -> None:
+        self.total = total
+        self.stream = sys.stderr if stream is None else stream
+        self.tty = self.stream.isatty()
+        self.clock = clock
+        self.drawn_at = -float("inf")
+        self.width = 0
+        self.logged_tenths = 0
+
+    def __call__(self, p) -> None:
+        from broker.config.durations import format_duration
+
+        if self.tty:
+            now = self.clock()
+            if now - self.drawn_at < 0.2:
+                return
+            self.drawn_at = now
+            line = (f"simulating: {p.done:,}/{p.total:,} tasks done, {format_duration(p.virtual_s)} of virtual time, "
+                    f"${p.committed_usd:,.2f} committed")
+            self.stream.write("\r" + line.ljust(self.width))
+            self.stream.flush()
+            self.width = len(line)
+            return
+        tenths = (10 * p.done) // max(p.total, 1)
+        if tenths > self.logged_tenths and p.done < p.total:
+            import structlog
+
+            self.logged_tenths = tenths
+            structlog.get_logger().info("sim.progress", done=p.done, total=p.total, virtual_s=round(p.virtual_s, 1),
+                                        committed_usd=round(p.committed_usd, 4))
+
+    def close(self) -> None:
+        if self.tty and self.width:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.width = 0

@@ -11,8 +11,8 @@ written during ``broker run`` carry ``run_id`` (bound for the whole run by
 ``instance_id`` (or ``node``, which is an instance id or a private node's name), one about
 a task carries ``task``. Times named ``*_at_s`` are run time in seconds from the run's start.
 
-An event may be written by ``broker run`` (``run`` fields), by the planning commands
-``broker plan --sample`` / ``broker estimate`` (``tool`` fields), or both with different
+An event may be written by ``broker run`` (``run`` fields), by the tools ``broker plan
+--sample`` / ``broker estimate`` / ``broker simulate`` (``tool`` fields), or both with different
 fields. ``optional`` fields appear only when they apply.
 """
 
@@ -30,7 +30,7 @@ class EventSpec:
     name: str
     summary: str
     run: tuple[str, ...] | None = None  # fields when written during `broker run`; None: never
-    tool: tuple[str, ...] | None = None  # fields when written by `broker plan`/`estimate`; None: never
+    tool: tuple[str, ...] | None = None  # fields when written by `broker plan`/`estimate`/`simulate`; None: never
     optional: tuple[str, ...] = ()
 
     def allowed(self) -> set[str]:
@@ -78,6 +78,8 @@ CATALOGUE: dict[str, EventSpec] = {
         _spec("sample.start", "sampling began", tool="rule eps delta tasks r_max_s nodes slots run_dir seed"),
         _spec("sample.progress", "sampling progress (when stderr is not a terminal)",
               tool="completed running mean_ref_s expected_samples failures"),
+        _spec("sim.progress", "`broker simulate` progress, each tenth of the bag (when stderr is not a terminal)",
+              tool="done total virtual_s committed_usd"),
         _spec("sample.setup", "the setup command ran on a sampling node", tool="node runtime_s"),
         _spec("sample.timeout", "a sample hit the timeout (counted as R_max)", tool="task node runtime_s"),
         _spec("sample.failure", "a sample failed", tool="task node attempt exit_code error"),
@@ -191,9 +193,9 @@ def markdown_table() -> str:
     """The README's event table, generated from :data:`CATALOGUE`."""
     rows = ["| event | written by | fields | what happened |", "|---|---|---|---|"]
     for spec in CATALOGUE.values():
-        by = " + ".join(w for w, f in (("run", spec.run), ("plan/estimate", spec.tool)) if f is not None)
+        by = " + ".join(w for w, f in (("run", spec.run), ("plan/estimate/simulate", spec.tool)) if f is not None)
         if spec.run is not None and spec.tool is not None and spec.run != spec.tool:
-            fields = f"run: {', '.join(spec.run)}; plan/estimate: {', '.join(spec.tool)}"
+            fields = f"run: {', '.join(spec.run)}; plan/estimate/simulate: {', '.join(spec.tool)}"
         else:
             fields = ", ".join(spec.run if spec.run is not None else spec.tool or ())
         if spec.optional:

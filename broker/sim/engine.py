@@ -41,6 +41,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -106,6 +107,16 @@ class _Node:
     down_until: float | None = None  # agent killed, back at this time
     paid_until: float = -math.inf  # cached: billing only changes when time passes it
     charged_usd: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SimProgress:
+    """Where a simulation is, reported at every monitoring tick (``Simulation.run``)."""
+
+    virtual_s: float
+    done: int
+    total: int
+    committed_usd: float
 
 
 @dataclass
@@ -553,7 +564,9 @@ class Simulation:
         return True
 
     # -- main loop ---------------------------------------------------------------------------
-    def run(self) -> SimResult:
+    def run(self, on_progress: Callable[[SimProgress], None] | None = None) -> SimResult:
+        """Run the bag to its end (or until nothing can progress); ``on_progress`` is called at
+        every monitoring tick."""
         wall0 = time.perf_counter()
         self._push(0.0, TICK, None)
         n = len(self.ids)
@@ -606,6 +619,8 @@ class Simulation:
                     self.result.planned_cost_usd = self.memory.planned_cost_usd
                 self._apply(decision.actions)
             if tick:
+                if on_progress is not None:
+                    on_progress(SimProgress(self.now, self.result.tasks_done, n, committed))
                 busy = self._running > 0
                 alive = any(not node.lost and (node.type is None or node.release_at is None
                                                or node.release_at > self.now)
