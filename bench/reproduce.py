@@ -73,6 +73,7 @@ class RunSpec:
     list_fleet: tuple[tuple[str, int], ...] | None = None  # List on exactly these machines
     variant: str = ""  # tells apart List runs at one point (see LIST_VARIANTS)
     estimate_error: float | None = 0.1  # None: no per-task estimates
+    x_cut_hi: float | None = None  # LM/LL's upper tail cut (None: the default; bench/thesis_cut.py)
     tasks: int = sc.THESIS_TASKS
     machines: int = 20
     seed: int = 1
@@ -105,7 +106,7 @@ def simulate(spec: RunSpec) -> Outcome:
     else:
         inventory = sc.thesis_inventory(spec.machines)
         workload = sc.thesis_workload(spec.scenario[:2], spec.seed, tasks=spec.tasks,
-                                      estimate_error=spec.estimate_error)
+                                      estimate_error=spec.estimate_error, x_cut_hi=spec.x_cut_hi)
         tick_s = sc.THESIS_TICK_S
     goal = Goal(spec.goal_kind, spec.goal_value)
     config = ControllerConfig(policy=spec.policy, eta=spec.eta, list_fleet=spec.list_fleet, tick_s=tick_s)
@@ -287,6 +288,11 @@ def pct(a: float, b: float) -> float:
     return 100.0 * (a - b) / b if b and math.isfinite(a) and math.isfinite(b) else math.nan
 
 
+def fleet_label(machines: dict[str, int]) -> str:
+    """{"c1.medium": 1, "c1.xlarge": 8} -> "1me+8xl"."""
+    return "+".join(f"{c}{t.split('.')[-1][:2]}" for t, c in sorted(machines.items()) if c)
+
+
 def cell(o: Outcome) -> str:
     if o.error:
         return f"ERROR {o.error[:40]}"
@@ -371,8 +377,7 @@ def report_list_variants(outcomes: list[Outcome], fronts: dict[str, FrontPoints]
             if machines is None:
                 inv = sc.thesis_inventory(lst.spec.machines)
                 machines = _list_eta_machines(inv.types, inv.private, lst.spec.eta)
-            fleet = "+".join(f"{c}{t.split('.')[-1][:2]}" for t, c in sorted(machines.items()) if c)
-            row.append(f"{cell(lst)} [{fleet}] ({pct(lst.makespan_s, ours.makespan_s):.0f}/"
+            row.append(f"{cell(lst)} [{fleet_label(machines)}] ({pct(lst.makespan_s, ours.makespan_s):.0f}/"
                        f"{pct(lst.cost_usd, ours.cost_usd):.1f})")
         rows.append(row)
     table("List_eta at the best-cost point, hours/USD [EC2 machines; private node too] (Diff% vs ours)",

@@ -156,7 +156,7 @@ def test_on_a_terminal_progress_is_one_line_redrawn_at_most_five_times_a_second(
 
     clock = iter([0.0, 0.1, 0.3, 0.35, 0.6]).__next__
     term = _Terminal()
-    view = ProgressView(1000, stream=term, clock=clock)
+    view = ProgressView(stream=term, clock=clock)
     for done in (10, 20, 400, 410, 999):
         view(SimProgress(60.0 * done, done, 1000, done / 100))
     view.close()

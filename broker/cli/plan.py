@@ -30,6 +30,7 @@ from typing import Sequence
 import structlog
 
 from broker.cli import UsageError
+from broker.cli.terminal import RedrawnLine
 from broker.config.durations import format_duration, parse_duration
 from broker.core.estimate import Estimate
 from broker.core.estimate.rules import RULE_NAMES
@@ -367,7 +368,7 @@ class SamplingProgressView:
         self.tty = sys.stderr.isatty()
         self.expected: float | None = None
         self.logged_at = 0
-        self.width = 0
+        self.line = RedrawnLine(sys.stderr)
 
     def __call__(self, p) -> None:
         if p.completed >= 2 and p.mean_ref_s and (self.expected is None or p.completed % _PROGRESS_EVERY == 0):
@@ -383,9 +384,7 @@ class SamplingProgressView:
             line = f"sampling: {p.completed}{total} done, {p.running} running, mean so far {mean}"
             if p.failures:
                 line += f", {p.failures} failed"
-            sys.stderr.write("\r" + line.ljust(self.width))
-            sys.stderr.flush()
-            self.width = len(line)
+            self.line.draw(line)
             if p.finished:
                 self.close()
         elif p.completed - self.logged_at >= _PROGRESS_EVERY:
@@ -394,10 +393,7 @@ class SamplingProgressView:
                                         mean_ref_s=p.mean_ref_s, expected_samples=self.expected, failures=p.failures)
 
     def close(self) -> None:
-        if self.tty and self.width:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-            self.width = 0
+        self.line.close()
 
 
 def _duration_text(seconds: float) -> str:

@@ -39,6 +39,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from broker.cli import UsageError
+from broker.cli.terminal import RedrawnLine
 from broker.cli.plan import add_goal_arguments, goal_from_args
 from broker.config.durations import format_duration, parse_duration
 
@@ -447,7 +448,7 @@ class _Printer:
         self.every = max(1, total // 10)
         self.out = sys.stderr if json_report else sys.stdout
         self.plan_shown = False
-        self.width = 0
+        self.line = RedrawnLine(self.out)
         self.budget_usd = None
 
     def show_plan(self, request) -> None:
@@ -491,9 +492,9 @@ class _Printer:
         phase = "running" if self.plan_shown else "sampling"
         last = done + failed == total
         if self.out.isatty():
-            text = progress_text(phase, done, failed, total, committed_usd, self.budget_usd)
-            print("\r" + text.ljust(self.width), end="\n" if last else "", file=self.out, flush=True)
-            self.width = len(text)
+            self.line.draw(progress_text(phase, done, failed, total, committed_usd, self.budget_usd))
+            if last:
+                self.line.close()
         elif done % self.every == 0 or last:
             print(f"progress: {done}/{total} done, {failed} failed, ${committed_usd:.2f} committed"
                   + (" (sampling)" if phase == "sampling" else ""), file=self.out, flush=True)

@@ -60,7 +60,7 @@ def run(args) -> int:
         raise UsageError(f"--tick: {exc}") from None
     config = ControllerConfig(policy=args.policy, eta=args.eta, tick_s=tick_s)
     options = SimOptions(seed=args.seed, speed_noise=args.speed_noise, failure_rate=args.failure_rate)
-    progress = ProgressView(len(workload.runtimes_ref_s))
+    progress = ProgressView()
     try:
         result = Simulation(inventory, workload, goal, config, options).run(on_progress=progress)
     finally:
@@ -90,13 +90,14 @@ class ProgressView:
     on a terminal, else a ``sim.progress`` event each time another tenth of the bag is done.
     stdout is left to the result (``--json`` prints exactly one object there)."""
 
-    def __init__(self, total: int, stream=None, clock=time.monotonic) -> None:
-        self.total = total
-        self.stream = sys.stderr if stream is None else stream
-        self.tty = self.stream.isatty()
+    def __init__(self, stream=None, clock=time.monotonic) -> None:
+        from broker.cli.terminal import RedrawnLine
+
+        stream = sys.stderr if stream is None else stream
+        self.tty = stream.isatty()
+        self.line = RedrawnLine(stream)
         self.clock = clock
         self.drawn_at = -float("inf")
-        self.width = 0
         self.logged_tenths = 0
 
     def __call__(self, p) -> None:
@@ -107,11 +108,8 @@ class ProgressView:
             if now - self.drawn_at < 0.2:
                 return
             self.drawn_at = now
-            line = (f"simulating: {p.done:,}/{p.total:,} tasks done, {format_duration(p.virtual_s)} of virtual time, "
-                    f"${p.committed_usd:,.2f} committed")
-            self.stream.write("\r" + line.ljust(self.width))
-            self.stream.flush()
-            self.width = len(line)
+            self.line.draw(f"simulating: {p.done:,}/{p.total:,} tasks done, {format_duration(p.virtual_s)} of "
+                           f"virtual time, ${p.committed_usd:,.2f} committed")
             return
         tenths = (10 * p.done) // max(p.total, 1)
         if tenths > self.logged_tenths and p.done < p.total:
@@ -122,7 +120,4 @@ class ProgressView:
                                         committed_usd=round(p.committed_usd, 4))
 
     def close(self) -> None:
-        if self.tty and self.width:
-            self.stream.write("\n")
-            self.stream.flush()
-            self.width = 0
+        self.line.close()

@@ -268,15 +268,15 @@ def _new_type_terms(prob, offer: NewOffer, T: float, work: Work, tie_usd: float,
 
 def _interchangeable(existing, T: float) -> list[list]:
     """The existing instances that have something to decide (paid short of the horizon),
-    grouped where the model cannot tell them apart: same type, rate, quantum, start and paid
-    time (a batch launched together). One set of variables per group instead of per instance
+    grouped where the model cannot tell them apart: same type (which fixes rate, quantum and
+    price), start and paid time (a batch launched together). One set of variables per group instead of per instance
     removes the symmetry that made CBC branch over which of 30 equal instances to keep (0.5 s
     a solve on the BaTS scenarios, a budget re-plan needing ten of them)."""
     groups: dict[tuple, list] = {}
     for old in existing:
         if old.paid_s >= T:
             continue  # paid beyond the horizon: nothing to decide, its capacity is a constant
-        key = (old.type.name, old.rate_per_s, old.quantum_s, old.quantum_usd, old.start_s, old.paid_s)
+        key = (old.type.name, old.start_s, old.paid_s)
         groups.setdefault(key, []).append(old)
     return list(groups.values())
 
