@@ -425,7 +425,7 @@ def _(env: ProbeEnv) -> Seen:
 
 
 # -- a local worker agent ------------------------------------------------------------------
-def _run_on_agent(env: ProbeEnv, run, *, max_output_bytes: int | None = None, timeout_s: float = 60.0):
+def _run_on_agent(env: ProbeEnv, run, *, max_output_bytes: int | None = None, timeout_s: float = 600.0):
     from broker.shells.agent_client import AgentClient
     from broker.shells.local_transport import attach_local_agent, stop_local_agent
     from tests.processes import agent_task_processes
@@ -437,6 +437,8 @@ def _run_on_agent(env: ProbeEnv, run, *, max_output_bytes: int | None = None, ti
     client = AgentClient(attach_local_agent(state_dir, 1, node="node-a", grace_s=1.0, progress_poll_s=0.05), "node-a")
     try:
         client.submit([run])
+        # A guard against a hang, not a speed limit: a 200 MB flood on a loaded CI machine's disk
+        # took over a minute once.
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for event in client.poll(0.1):
@@ -445,7 +447,7 @@ def _run_on_agent(env: ProbeEnv, run, *, max_output_bytes: int | None = None, ti
         raise AssertionError(f"no result for {run.task} within {timeout_s} s")
     finally:
         client.close()
-        stop_local_agent(state_dir, timeout_s=5.0)
+        stop_local_agent(state_dir, timeout_s=30.0)  # a loaded machine may take seconds to stop it
         assert agent_task_processes(state_dir) == []
 
 

@@ -59,13 +59,20 @@ def test_scrapes_during_a_dry_run_follow_its_progress(observed_dry_run):
     # Once planned: the interval is ordered and its high end is the plan's makespan.
     planned = [s for s in during if value(s, "broker_planned_makespan_seconds") is not None]
     assert planned
+    decided_means = {round(e["mean_ref_s"], 3) for e in run.events("plan.solved") + run.events("sample.done")
+                     if e.get("mean_ref_s") is not None}
     for s in planned:
         low, mid, high = (value(s, "broker_predicted_makespan_seconds", bound=b) for b in ("low", "expected", "high"))
         assert 0 < low <= mid <= high == value(s, "broker_planned_makespan_seconds")
         assert value(s, "broker_predicted_makespan_confidence") == pytest.approx(0.90, abs=1e-3)
-        # Each task sleeps 0.25 s at time scale 60: 15 reference seconds on the speed-1 local node
-        # (30 % more on an instance of speed 1.5, whose runtimes also count).
-        assert 12 < value(s, "broker_mean_runtime_estimate_seconds") < 30
+        # The gauge is the estimate the controller planned with (the last plan's mean, else the
+        # sampling phase's), not a figure of its own: on a loaded machine the tasks run longer
+        # than their 0.25 s sleep, and the estimate follows them.
+        mean = value(s, "broker_mean_runtime_estimate_seconds")
+        assert mean in decided_means
+        # Each task sleeps 0.25 s at time scale 60: at least 15 reference seconds on the speed-1
+        # local node (more on an instance of speed 1.5, and more when the machine is slow).
+        assert mean > 12
     assert max(value(s, "broker_samples") for s in during) == len(run.events("sample.done"))
     plans = run.events("plan.solved")
     assert value(planned[-1], "broker_planned_makespan_seconds") in {p["makespan_s"] for p in plans}
