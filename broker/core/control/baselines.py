@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, ClassVar
 from ..model import MachineType
 from .actions import Launch, ScheduleRelease
 from .budget import affordable, affordable_extension, budget_of, planned_spend, short_life_s
+from .causes import LaunchCause, Policy, ReleaseCause
 from .estimates import RemainingWork
 from .scratch import Scratch
 from .snapshot import Memory, Snapshot
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 class BaselinePolicy:
     """One baseline's fleet rule (stateless: what it remembers lives in ``Memory``)."""
 
-    name: ClassVar[str]
+    name: ClassVar[Policy]
     fit_rule: ClassVar[bool] = False  # dispatch places only tasks that end before the release
 
     def fleet(self, ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork, s: Scratch,
@@ -43,7 +44,7 @@ class BaselinePolicy:
 class ListEta(BaselinePolicy):
     """List_eta: the eta most cost-efficient machines (or ``list_fleet``), kept for the whole run."""
 
-    name = "list"
+    name = Policy.LIST
 
     def fleet(self, ctl, snap, memory, now, rem, s, first):
         if first:
@@ -51,33 +52,33 @@ class ListEta(BaselinePolicy):
                         else list_eta_machines(snap.types.values(), ctl.private, ctl.config.eta))
             for name, count in machines.items():
                 if count > 0:
-                    s.actions.append(Launch(name, min(count, snap.types[name].limit), "list_eta", math.inf))
+                    s.actions.append(Launch(name, min(count, snap.types[name].limit), LaunchCause.LIST_ETA, math.inf))
         return memory
 
 
 class RoundRobin(BaselinePolicy):
     """Every machine there is, tasks dealt round robin."""
 
-    name = "rr"
+    name = Policy.RR
 
     def fleet(self, ctl, snap, memory, now, rem, s, first):
         if first:
             for t in snap.types.values():
                 if t.limit > 0:
-                    s.actions.append(Launch(t.name, t.limit, "round_robin_all_machines", math.inf))
+                    s.actions.append(Launch(t.name, t.limit, LaunchCause.ROUND_ROBIN_ALL_MACHINES, math.inf))
         return memory
 
 
 class OneVmForAll(BaselinePolicy):
     """One instance of the most cost-efficient type runs everything."""
 
-    name = "1vm4all"
+    name = Policy.ONE_VM_FOR_ALL
 
     def fleet(self, ctl, snap, memory, now, rem, s, first):
         if first:
             t = most_efficient(snap.types.values())
             if t is not None:
-                s.actions.append(Launch(t.name, 1, "one_vm_for_all", math.inf))
+                s.actions.append(Launch(t.name, 1, LaunchCause.ONE_VM_FOR_ALL, math.inf))
         return memory
 
 
@@ -85,7 +86,7 @@ class FirstFit(BaselinePolicy):
     """FirstFit (004): a task goes where it fits without a new billing unit; if it fits
     nowhere, rent one more instance of the most cost-efficient type."""
 
-    name = "firstfit"
+    name = Policy.FIRSTFIT
     fit_rule = True
 
     def fleet(self, ctl, snap, memory, now, rem, s, first):
@@ -98,7 +99,7 @@ class FirstFit(BaselinePolicy):
         if idle == 0 and booting == 0 and live_of_type < t.limit:
             life = short_life_s(ctl, t)
             if affordable(ctl, snap, s, t, 1, life):
-                s.actions.append(Launch(t.name, 1, "firstfit_no_fit", life - ctl.config.margin_s))
+                s.actions.append(Launch(t.name, 1, LaunchCause.FIRSTFIT_NO_FIT, life - ctl.config.margin_s))
         return memory
 
 
@@ -106,7 +107,7 @@ class Bats(BaselinePolicy):
     """BaTS: the budget-constrained configuration for the remaining work, bought one ATU at a
     time and renewed for another only while the budget allows."""
 
-    name = "bats"
+    name = Policy.BATS
     fit_rule = True
 
     def fleet(self, ctl, snap, memory, now, rem, s, first):
@@ -131,7 +132,7 @@ class Bats(BaselinePolicy):
             while extra > 0 and not affordable(ctl, snap, s, t, extra, life):
                 extra -= 1
             if extra > 0:
-                s.actions.append(Launch(name, extra, "bats_configuration", life - ctl.config.margin_s))
+                s.actions.append(Launch(name, extra, LaunchCause.BATS_CONFIGURATION, life - ctl.config.margin_s))
                 s.launched_usd += extra * t.billing.cost_usd(life, t.price_per_hour)
 
     @staticmethod
@@ -145,11 +146,11 @@ class Bats(BaselinePolicy):
             if len(snap.pending) > 0 and rel - now < ctl.config.tick_s * 1.5 + ctl.config.margin_s:
                 nxt = t.billing.paid_until(n.launched_at_s, rel + ctl.config.margin_s + 1) - ctl.config.margin_s
                 if affordable_extension(ctl, snap, s, n, t, nxt, now):
-                    s.actions.append(ScheduleRelease(n.id, nxt, "bats_renew_atu"))
+                    s.actions.append(ScheduleRelease(n.id, nxt, ReleaseCause.BATS_RENEW_ATU))
                     s.release[n.id] = nxt
 
 
-BASELINES: dict[str, BaselinePolicy] = {p.name: p for p in (ListEta(), RoundRobin(), FirstFit(), OneVmForAll(), Bats())}
+BASELINES: dict[Policy, BaselinePolicy] = {p.name: p for p in (ListEta(), RoundRobin(), FirstFit(), OneVmForAll(), Bats())}
 
 
 def baseline_fleet(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork,
@@ -165,7 +166,7 @@ def baseline_fleet(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
     if len(snap.pending) == 0:
         for n in live:
             if not n.running and (s.release_of(n) is None or s.release_of(n) > now):
-                s.actions.append(ScheduleRelease(n.id, now, "idle_nothing_pending"))
+                s.actions.append(ScheduleRelease(n.id, now, ReleaseCause.IDLE_NOTHING_PENDING))
                 s.release[n.id] = now
     return memory
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..model import MachineType
 from .actions import ScheduleRelease
+from .causes import GoalKind, ReleaseCause
 from .scratch import Scratch
 from .snapshot import Memory, NodeView, Snapshot
 
@@ -59,7 +60,7 @@ def short_life_s(ctl: Controller, t: MachineType) -> float:
 
 
 def budget_of(ctl: Controller, snap: Snapshot) -> float | None:
-    if ctl.goal.kind == "budget":
+    if ctl.goal.kind == GoalKind.BUDGET:
         return float(ctl.goal.value)
     return snap.budget_usd
 
@@ -102,5 +103,5 @@ def budget_guard(ctl: Controller, snap: Snapshot, memory: Memory, now: float, s:
         if earliest < s.release_of(n) - 1e-9:
             before = planned_spend(snap, s.release, now)
             s.release[n.id] = earliest
-            s.actions.append(ScheduleRelease(n.id, earliest, "budget_cap"))
+            s.actions.append(ScheduleRelease(n.id, earliest, ReleaseCause.BUDGET_CAP))
             over -= before - planned_spend(snap, s.release, now)

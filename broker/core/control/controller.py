@@ -36,6 +36,7 @@ from .actions import Action, ScheduleRelease
 from .baselines import BASELINES, baseline_fleet
 from .baselines import list_eta_machines as _list_eta_machines  # noqa: F401 (bench/reproduce.py)
 from .baselines import most_efficient as _most_efficient  # noqa: F401
+from .causes import Policy, ReleaseCause
 from .dispatch import dispatch, keep_running_work
 from .estimates import RemainingWork, mean_estimate, remaining_work
 from .fleet import plan_and_fleet
@@ -44,12 +45,12 @@ from .sampling import sample, samples_needed, sd_estimate
 from .scratch import Scratch
 from .snapshot import Goal, Memory, Snapshot
 
-POLICIES = ("broker", *BASELINES)
+POLICIES = (Policy.BROKER, *BASELINES)
 
 
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
-    policy: str = "broker"
+    policy: Policy = Policy.BROKER
     eta: int | None = None  # List_eta: number of most cost-efficient machines
     # List on exactly these machines ((type, count), ...) instead of the eta most efficient:
     # the reproduction report runs List on the machines of our front point's plan
@@ -75,6 +76,7 @@ class ControllerConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        object.__setattr__(self, "policy", Policy(self.policy))  # a plain string comes in too
         if self.list_fleet is not None and any(count < 0 for _, count in self.list_fleet):
             raise ValueError(f"list_fleet counts must be >= 0, got {self.list_fleet!r}")
 
@@ -111,9 +113,9 @@ class Controller:
         # Remaining work is only needed to re-plan; dispatch needs the mean alone.
         rem = remaining_work(snap, self.config.confidence_z) if tick else None
         if rem is not None:
-            if self.config.policy == "broker":
+            if self.config.policy == Policy.BROKER:
                 memory = plan_and_fleet(self, snap, memory, now, rem, s)
-                keep_running_work(self, snap, now, mean[1], s, "running_task_needs_longer")
+                keep_running_work(self, snap, now, mean[1], s, ReleaseCause.RUNNING_TASK_NEEDS_LONGER)
             else:
                 memory = baseline_fleet(self, snap, memory, now, rem, s)
         dispatch(self, snap, memory, now, mean, rng, s)
@@ -124,7 +126,7 @@ class Controller:
         nothing_left = len(snap.pending) == 0 and snap.count_running() == 0
         if not (nothing_left or snap.stopping):
             return False
-        cause = "user_stop" if snap.stopping else "bag_done"
+        cause = ReleaseCause.USER_STOP if snap.stopping else ReleaseCause.BAG_DONE
         for n in snap.nodes:
             if n.is_private:
                 continue

@@ -12,7 +12,9 @@ import math
 from typing import TYPE_CHECKING
 
 from .actions import Assign, Replicate, ScheduleRelease, SlotRef
+from .baselines import BASELINES
 from .budget import affordable_extension, budget_of
+from .causes import Policy, ReleaseCause, WorkCause
 from .scratch import Scratch
 from .snapshot import Memory, NodeView, Snapshot
 
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
 
 
 def keep_running_work(ctl: Controller, snap: Snapshot, now: float, size_ref_s: float | None, s: Scratch,
-                      cause: str) -> None:
+                      cause: ReleaseCause) -> None:
     """Keep an instance whose running task would outlive its release to the billing
     boundary after the task's expected end (``size_ref_s`` for tasks without an
     estimate; None: the next boundary at least a tick away), while the budget allows.
@@ -63,7 +65,7 @@ def keep_running_work(ctl: Controller, snap: Snapshot, now: float, size_ref_s: f
 def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_and_fit: tuple[float, float], rng,
              s: Scratch) -> None:
     mean, fit_size = mean_and_fit
-    fit_rule = ctl.config.policy in ("broker", "firstfit", "bats")
+    fit_rule = ctl.config.policy == Policy.BROKER or BASELINES[ctl.config.policy].fit_rule
     ready = sorted((n for n in snap.nodes_with_free_slots() if n.ready(now)), key=lambda n: (-n.speed, n.id))
     idle_slots: list[tuple[NodeView, int, float]] = []
     for node in ready:
@@ -83,7 +85,7 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
                 idle_slots.append((node, slot, limit_ref))
                 continue
             s.taken.add(pick[0])
-            s.actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, "dispatch"))
+            s.actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, WorkCause.DISPATCH))
     if (idle_slots and fit_rule and budget_of(ctl, snap) is None and snap.count_running() == 0
             and not s.taken and len(snap.pending)):
         # Nothing runs and nothing fits: rather than wait for a plan that thinks the
@@ -94,9 +96,9 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
         pick = snap.pending.smallest(mean, s.taken)
         if pick is not None:
             s.taken.add(pick[0])
-            s.actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, "nothing_fits_anywhere"))
+            s.actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, WorkCause.NOTHING_FITS_ANYWHERE))
             idle_slots = [x for x in idle_slots if (x[0].id, x[1]) != (node.id, slot)]
-    if ctl.config.replicate and ctl.config.policy == "broker" and len(snap.pending) - len(s.taken) <= 0 and idle_slots:
+    if ctl.config.replicate and ctl.config.policy == Policy.BROKER and len(snap.pending) - len(s.taken) <= 0 and idle_slots:
         replicate(snap, now, mean, idle_slots, s)
 
 
@@ -132,5 +134,5 @@ def replicate(snap: Snapshot, now: float, mean: float, idle_slots, s: Scratch) -
             if size > limit_ref or now + size / node.speed >= end:
                 continue
             copies[r.task_id] = copies.get(r.task_id, 0) + 1
-            s.actions.append(Replicate(r.task_id, SlotRef(node.id, slot), r.attempt + 1, "tail_replication"))
+            s.actions.append(Replicate(r.task_id, SlotRef(node.id, slot), r.attempt + 1, WorkCause.TAIL_REPLICATION))
             break

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ..plan.types import Extension
 from .actions import Launch, ScheduleRelease, StopForBudget
 from .budget import affordable, affordable_extension, budget_guard, budget_left, cheapest_unit
+from .causes import GoalKind, LaunchCause, ReleaseCause
 from .estimates import RemainingWork, mean_estimate
 from .planning import PlanResult
 from .replan import drifted, resolve_goal, solve
@@ -45,13 +46,13 @@ def plan_and_fleet(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
     memory = replace(memory, last_plan_at_s=now)
     if result.plan is None:
         s.notes.append(result.reason or "no plan")
-        if ctl.goal.kind == "budget" and not memory.budget_stopped:
+        if ctl.goal.kind == GoalKind.BUDGET and not memory.budget_stopped:
             # BaTS semantics: what is left cannot be bought; finish what paid and private
             # capacity can, and say so once.
             s.actions.append(StopForBudget(len(snap.pending)))
             memory = replace(memory, budget_stopped=True)
         return replace(memory, plan_failures=memory.plan_failures + 1, last_note=result.reason)
-    if result.cause == "budget_short" and not memory.budget_stopped:
+    if result.cause == LaunchCause.BUDGET_SHORT and not memory.budget_stopped:
         s.actions.append(StopForBudget(len(snap.pending)))
         memory = replace(memory, budget_stopped=True)
     first = memory.last_plan is None and memory.promised_makespan_s is not None
@@ -113,10 +114,10 @@ def _shed_only(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem:
     plan = result.plan
     trial = shed(ctl, snap, memory, now, rem, h)
     if not trial:
-        return replace(result, plan=replace(plan, new=(), existing=()), cause="status_quo")
+        return replace(result, plan=replace(plan, new=(), existing=()), cause=LaunchCause.STATUS_QUO)
     margin = ctl.config.margin_s
     existing = tuple(Extension(nid, 0, at + margin) for nid, at in sorted(trial.items()))
-    return replace(result, plan=replace(plan, new=(), existing=existing), cause="surplus")
+    return replace(result, plan=replace(plan, new=(), existing=existing), cause=LaunchCause.SURPLUS)
 
 
 def _hold_shortenings(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork, h: float,
@@ -213,7 +214,7 @@ def status_quo(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem:
     """Money the fleet as scheduled will still cost, if it
     finishes the work's upper value by the deadline; None when it would not (or there is
     no deadline to test)."""
-    if ctl.goal.kind == "budget" or memory.deadline_at_s is None:
+    if ctl.goal.kind == GoalKind.BUDGET or memory.deadline_at_s is None:
         return None
     end = memory.deadline_at_s
     if end <= now:
@@ -269,7 +270,7 @@ def _apply_releases(ctl: Controller, snap: Snapshot, memory: Memory, now: float,
         if current is None or target > current:
             t = snap.types[node.type_name]
             if affordable_extension(ctl, snap, s, node, t, target, now):
-                s.actions.append(ScheduleRelease(node.id, target, "plan_needs_longer" if current else "plan"))
+                s.actions.append(ScheduleRelease(node.id, target, ReleaseCause.PLAN_NEEDS_LONGER if current else ReleaseCause.PLAN))
                 s.release[node.id] = target
             else:
                 s.notes.append(f"budget cap: {node.id} not extended")
@@ -282,7 +283,7 @@ def _apply_releases(ctl: Controller, snap: Snapshot, memory: Memory, now: float,
                 continue
             first = shorten.get(node.id, now)  # when this surplus was first proposed
             if now - first >= ctl.config.scale_down_after_s - 1e-9:
-                s.actions.append(ScheduleRelease(node.id, target, "surplus_at_billing_boundary"))
+                s.actions.append(ScheduleRelease(node.id, target, ReleaseCause.SURPLUS_AT_BILLING_BOUNDARY))
                 s.release[node.id] = target
                 shorten.pop(node.id, None)
             else:
@@ -315,7 +316,7 @@ def _apply_launches(ctl: Controller, snap: Snapshot, now: float, result: PlanRes
         if count < wanted:
             s.notes.append(f"budget cap: launching {count} of {group.count} {t.name}")
         if count > 0:
-            s.actions.append(Launch(t.name, count, result.cause or "plan", group.release_after_s - margin))
+            s.actions.append(Launch(t.name, count, result.cause or LaunchCause.PLAN, group.release_after_s - margin))
             s.launched_usd += count * t.billing.cost_usd(group.release_after_s, t.price_per_hour)
 
 

@@ -12,6 +12,7 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from .causes import GoalKind
 from .estimates import RemainingWork
 from .planning import PlanResult
 from .snapshot import Memory, Snapshot
@@ -39,16 +40,16 @@ def cost_first(ctl: Controller) -> bool:
     """No goal, or theta 1: the user asked for the cheapest run (its promise is the
     cheapest front point)."""
     g = ctl.goal
-    return g.kind == "none" or (g.kind == "theta" and g.value is not None and float(g.value) >= 1.0)
+    return g.kind == GoalKind.NONE or (g.kind == GoalKind.THETA and g.value is not None and float(g.value) >= 1.0)
 
 
 def resolve_goal(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork) -> Memory:
     g = ctl.goal
-    if memory.deadline_at_s is not None or g.kind in ("budget",):
+    if memory.deadline_at_s is not None or g.kind == GoalKind.BUDGET:
         return memory
-    if g.kind == "deadline":
+    if g.kind == GoalKind.DEADLINE:
         return replace(memory, deadline_at_s=snap.started_at_s + float(g.value))
-    if g.kind in ("point", "theta", "none"):
+    if g.kind in (GoalKind.POINT, GoalKind.THETA, GoalKind.NONE):
         # The point is chosen on the front the user saw: the work's point estimate. A
         # front on the upper value has other candidate makespans (its grid moves with
         # W), so "point 2" there is another promise. The plans that follow still cover
@@ -72,7 +73,7 @@ def planner_input(ctl: Controller, snap: Snapshot, now: float, rem: RemainingWor
         nodes=snap.nodes,
         rem=rem,
         now_s=now,
-        unit_started=ctl.goal.kind != "budget",
+        unit_started=ctl.goal.kind != GoalKind.BUDGET,
     )
 
 
@@ -90,7 +91,7 @@ def solve(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: Rema
     pin = planner_input(ctl, snap, now, rem)
     if not launches:  # the current fleet (and private nodes) only
         pin = replace(pin, types=tuple(replace(t, limit=0) for t in pin.types))
-    if ctl.goal.kind == "budget":
+    if ctl.goal.kind == GoalKind.BUDGET:
         # The planner sees existing instances paid up to their current boundary and
         # decides their extensions itself, so it gets the budget minus what is charged,
         # not minus the units already scheduled (that would count them twice).

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from .actions import Assign, Launch, SlotRef
 from .baselines import most_efficient
 from .budget import affordable, short_life_s
+from .causes import LaunchCause, ReleaseCause, WorkCause
 from .dispatch import keep_running_work
 from .scratch import Scratch
 from .snapshot import Memory, Snapshot
@@ -40,11 +41,11 @@ def sample(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rng, s: 
             life = short_life_s(ctl, cheapest)
             if affordable(ctl, snap, s, cheapest, 1, life):
                 s.actions.append(
-                    Launch(cheapest.name, 1, "sampling_without_private_nodes", life - ctl.config.margin_s)
+                    Launch(cheapest.name, 1, LaunchCause.SAMPLING_WITHOUT_PRIVATE_NODES, life - ctl.config.margin_s)
                 )
                 s.launched_usd += cheapest.billing.cost_usd(life, cheapest.price_per_hour)
     # Samples are real work and the estimate needs them.
-    keep_running_work(ctl, snap, now, None, s, "sampling_in_progress")
+    keep_running_work(ctl, snap, now, None, s, ReleaseCause.SAMPLING_IN_PROGRESS)
     in_flight = snap.count_running()
     wanted = samples_needed(ctl, snap) - snap.observations.count - in_flight
     for node in sorted(ready, key=lambda n: -n.speed):
@@ -59,7 +60,7 @@ def sample(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rng, s: 
                 return memory
             s.taken.add(tid)
             s.used_slots.add((node.id, slot))
-            s.actions.append(Assign(tid, SlotRef(node.id, slot), 1, "sampling"))
+            s.actions.append(Assign(tid, SlotRef(node.id, slot), 1, WorkCause.SAMPLING))
             wanted -= 1
     return memory
 
