@@ -2,7 +2,8 @@
 
 - cost never exceeds the budget under a budget goal;
 - no instance is released before its paid-until minus the margin, except when the bag is
-  done or the user stops (nothing is saved by waiting then);
+  done or the user stops (nothing is saved by waiting then); nor is a planned release on
+  the billing boundary itself (it would race the next unit);
 - every task is done exactly once;
 - the same seed gives the same run.
 """
@@ -20,6 +21,9 @@ from broker.core.model import Inventory, MachineType, PrivateNode
 from broker.sim.engine import SimOptions, SimWorkload, Simulation
 
 MARGIN_S = 120.0
+# releases the controller plans (not a bag's end, a user's stop, a lost or bad node)
+PLANNED = ("plan", "plan_needs_longer", "surplus_at_billing_boundary", "running_task_needs_longer",
+           "sampling_in_progress", "bats_renew_atu", "planned_life")
 
 
 @st.composite
@@ -86,10 +90,15 @@ def test_invariants_hold_in_generated_scenarios(sc):
         assert r.cloud_cost_usd <= goal.value + 1e-9
         if r.tasks_done < r.tasks_total:
             assert r.budget_stopped or not inv.private
+    unit_s = inv.types[0].billing.unit_s
     for rel in r.releases:
         if rel["cause"] in ("bag_done", "user_stop"):
             continue
         assert rel["at_s"] >= rel["paid_until_s"] - MARGIN_S - 1e-6, rel
+        if rel["cause"] in PLANNED and unit_s > MARGIN_S:
+            # ... nor on the boundary itself: a planned release is a margin before it (or,
+            # decided inside the margin, at once), never where the next unit starts
+            assert rel["at_s"] < rel["paid_until_s"] - 1e-6, rel
 
 
 @given(scenarios())

@@ -2,12 +2,14 @@
 
 Causes are short stable strings (``deadline_at_risk``, ``surplus_at_billing_boundary``,
 ``budget_cap``, ...) that end up in the event log, so an operator can tell why the broker
-spent or saved money.
+spent or saved money; :mod:`.causes` lists them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .causes import LaunchCause, ReleaseCause, WorkCause
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +24,7 @@ class SlotRef:
 class Launch:
     type_name: str
     count: int
-    cause: str
+    cause: LaunchCause
     release_after_s: float  # release this long after launch (the margin is already taken off)
 
 
@@ -30,7 +32,7 @@ class Launch:
 class ScheduleRelease:
     instance_id: str
     at_s: float
-    cause: str
+    cause: ReleaseCause
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +46,7 @@ class Assign:
     task_id: str
     slot: SlotRef
     attempt: int
-    cause: str
+    cause: WorkCause
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +56,7 @@ class Replicate:
     task_id: str
     slot: SlotRef
     attempt: int
-    cause: str
+    cause: WorkCause
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +71,7 @@ class StopForBudget:
     """No further billing unit fits the budget: what is left cannot finish in the cloud."""
 
     tasks_left: int
-    cause: str = "budget_cap"
+    cause: str = ReleaseCause.BUDGET_CAP
 
 
 Action = Launch | ScheduleRelease | CancelRelease | Assign | Replicate | Cancel | StopForBudget

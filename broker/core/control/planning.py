@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from ..model import ExistingInstance, MachineType, PrivateNode
+from .causes import GoalKind, LaunchCause
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +27,7 @@ class PlannerInput:
 @dataclass(frozen=True, slots=True)
 class PlanResult:
     plan: object | None  # broker.core.plan.Plan
-    cause: str | None = None
+    cause: LaunchCause | None = None
     reason: str | None = None
 
 
@@ -82,19 +83,19 @@ class FleetPlanner:
             try:
                 plan = min_cost(pin.types, pin.private, pin.work, deadline_s, existing=pin.existing,
                                 now_s=pin.now_s, options=self.options)
-                return PlanResult(plan, "deadline_plan")
+                return PlanResult(plan, LaunchCause.DEADLINE_PLAN)
             except NoFeasiblePlan as exc:
                 fallback = exc.fastest
                 if fallback is not None:
                     # (not str(exc): its message names the cheapest plan, a whole search)
-                    return PlanResult(fallback, "deadline_at_risk",
+                    return PlanResult(fallback, LaunchCause.DEADLINE_AT_RISK,
                                       f"no plan meets the deadline: the fastest takes {fallback.makespan_s:.0f} s "
                                       f"(${fallback.cost_usd:.2f})")
         # No finite deadline left (or none given): the fastest plan there is.
         try:
             plan = min_makespan(pin.types, pin.private, pin.work, math.inf, existing=pin.existing,
                                 now_s=pin.now_s, options=self.options)
-            return PlanResult(plan, "deadline_passed_fastest_plan", "deadline cannot be met: running the fastest plan")
+            return PlanResult(plan, LaunchCause.DEADLINE_PASSED_FASTEST_PLAN, "deadline cannot be met: running the fastest plan")
         except NoFeasiblePlan as exc:
             return PlanResult(None, None, str(exc))
 
@@ -114,12 +115,12 @@ class FleetPlanner:
                                 now_s=pin.now_s, options=self.options, hint_s=hint_s)
 
         try:
-            return PlanResult(attempt(pin.work), "budget_plan")
+            return PlanResult(attempt(pin.work), LaunchCause.BUDGET_PLAN)
         except NoFeasiblePlan as exc:
             first_error = str(exc)
         point = pin.work.total_ref_s if point_ref_s is None else min(point_ref_s, pin.work.total_ref_s)
         try:
-            return PlanResult(attempt(replace(pin.work, total_ref_s=point)), "budget_tight", first_error)
+            return PlanResult(attempt(replace(pin.work, total_ref_s=point)), LaunchCause.BUDGET_TIGHT, first_error)
         except NoFeasiblePlan:
             pass
         lo, hi, best = 0.0, 1.0, None
@@ -132,7 +133,7 @@ class FleetPlanner:
                 hi = mid
         if best is None:
             return PlanResult(None, None, first_error)
-        return PlanResult(best, "budget_short", f"{first_error}; buying about {lo:.0%} of the remaining work")
+        return PlanResult(best, LaunchCause.BUDGET_SHORT, f"{first_error}; buying about {lo:.0%} of the remaining work")
 
     def front_choice(self, pin: PlannerInput, goal):
         from ..plan import NoFeasiblePlan, choose_point, choose_theta, pareto_front
@@ -144,11 +145,11 @@ class FleetPlanner:
             return None
         if not front:
             return None
-        if goal.kind == "point":
+        if goal.kind == GoalKind.POINT:
             # The run-time front may have fewer points than the one ``broker plan`` printed:
             # take the nearest point that exists rather than fail.
             chosen = choose_point(front, min(max(int(goal.value), 1), len(front)))
-        elif goal.kind == "theta":
+        elif goal.kind == GoalKind.THETA:
             chosen = choose_theta(front, float(goal.value))
         else:
             chosen = choose_theta(front, 1.0)  # no goal: the cheapest point

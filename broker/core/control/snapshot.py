@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..model import MachineType
+from .causes import GoalKind
 from .pool import TaskPool
 
 
@@ -59,12 +60,13 @@ class Goal:
     """The user's goal. ``kind``: deadline (seconds from start), budget (USD), point (1-based
     index into the front), theta (0..1, weight of cost against time), or none (cheapest)."""
 
-    kind: str = "none"
+    kind: GoalKind = GoalKind.NONE
     value: float | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ("deadline", "budget", "point", "theta", "none"):
+        if self.kind not in GoalKind.__members__.values():
             raise ValueError(f"unknown goal kind {self.kind!r}")
+        object.__setattr__(self, "kind", GoalKind(self.kind))  # a plain string comes in too
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,85 @@
+"""The control core's closed vocabularies: policies, goal kinds and the causes of actions.
+
+Each is a ``StrEnum`` whose values are the strings the event log and the journal have always
+carried, so an enum member compares equal to its string and is written as it (JSON, SQLite,
+structlog): shells that still compare plain strings keep working, and no stored event changes.
+A cause the controller does not emit but a shell does (a node lost, a resume) is listed too,
+marked as a shell's, so that one place names every reason the broker spends or saves money.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Policy(StrEnum):
+    """Who decides the fleet: the broker's planner, or one of the baselines it is compared with."""
+
+    BROKER = "broker"
+    LIST = "list"  # List_eta: the eta most cost-efficient machines, for the whole run
+    RR = "rr"  # round robin over every machine there is
+    FIRSTFIT = "firstfit"  # one more instance whenever a task fits nowhere
+    ONE_VM_FOR_ALL = "1vm4all"  # one instance of the most cost-efficient type
+    BATS = "bats"  # the BaTS budget-constrained configuration, renewed per unit
+
+
+class GoalKind(StrEnum):
+    DEADLINE = "deadline"  # seconds from the start, at least cost
+    BUDGET = "budget"  # USD, as soon as possible
+    POINT = "point"  # 1-based row of the printed front
+    THETA = "theta"  # 0 fastest .. 1 cheapest
+    NONE = "none"  # the cheapest point
+
+
+class LaunchCause(StrEnum):
+    """Why instances are bought (``Launch.cause``); the plan causes are also ``PlanResult.cause``."""
+
+    PLAN = "plan"  # a plan without a more specific cause
+    DEADLINE_PLAN = "deadline_plan"  # the cheapest plan that meets the deadline
+    DEADLINE_AT_RISK = "deadline_at_risk"  # no plan meets it: the fastest one
+    DEADLINE_PASSED_FASTEST_PLAN = "deadline_passed_fastest_plan"
+    BUDGET_PLAN = "budget_plan"  # the fastest plan within the budget
+    BUDGET_TIGHT = "budget_tight"  # ... for the point value of the work only
+    BUDGET_SHORT = "budget_short"  # ... for the share of the work the budget buys
+    STATUS_QUO = "status_quo"  # the fleet as scheduled meets the goal: no change
+    SURPLUS = "surplus"  # the fleet as scheduled meets the goal: shed
+    SAMPLING_WITHOUT_PRIVATE_NODES = "sampling_without_private_nodes"
+    LIST_ETA = "list_eta"
+    ROUND_ROBIN_ALL_MACHINES = "round_robin_all_machines"
+    ONE_VM_FOR_ALL = "one_vm_for_all"
+    BATS_CONFIGURATION = "bats_configuration"
+    FIRSTFIT_NO_FIT = "firstfit_no_fit"
+    ADOPTED_ON_RESUME = "adopted_on_resume"  # a shell's: an instance found running on resume
+
+
+class ReleaseCause(StrEnum):
+    """Why an instance's release is (re)scheduled (``ScheduleRelease.cause``) or it goes."""
+
+    BAG_DONE = "bag_done"
+    USER_STOP = "user_stop"
+    PLAN = "plan"  # the first release a plan gives an instance
+    PLAN_NEEDS_LONGER = "plan_needs_longer"
+    SURPLUS_AT_BILLING_BOUNDARY = "surplus_at_billing_boundary"
+    BUDGET_CAP = "budget_cap"
+    RUNNING_TASK_NEEDS_LONGER = "running_task_needs_longer"
+    SAMPLING_IN_PROGRESS = "sampling_in_progress"
+    IDLE_NOTHING_PENDING = "idle_nothing_pending"
+    BATS_RENEW_ATU = "bats_renew_atu"
+    # the shells' own (not emitted by the controller)
+    PLANNED = "planned"
+    PLANNED_LIFE = "planned_life"
+    BAD_NODE = "bad_node"
+    NODE_LOST = "node_lost"
+    INSTANCE_LOST = "instance_lost"
+    SETUP_FAILED = "setup_failed"
+    GONE_ON_RESUME = "gone_on_resume"
+    RESUMED_PAST_RELEASE = "resumed_past_release"
+
+
+class WorkCause(StrEnum):
+    """Why a task goes to a slot (``Assign.cause``, ``Replicate.cause``)."""
+
+    SAMPLING = "sampling"
+    DISPATCH = "dispatch"
+    NOTHING_FITS_ANYWHERE = "nothing_fits_anywhere"
+    TAIL_REPLICATION = "tail_replication"

@@ -1,0 +1,138 @@
+"""The dispatch pass: free slots pull work, idle paid slots copy the tail, running work is kept.
+
+``dispatch``: each free slot takes the largest pending task that ends before the slot's
+release (never one that would be killed or buy an unplanned unit); with nothing pending,
+``replicate`` copies the running task expected to end last onto an idle paid slot.
+``keep_running_work`` lengthens an instance whose running task would be killed at its release.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from .actions import Assign, Replicate, ScheduleRelease, SlotRef
+from .baselines import BASELINES
+from .budget import affordable_extension, budget_of
+from .causes import Policy, ReleaseCause, WorkCause
+from .scratch import Scratch
+from .snapshot import Memory, NodeView, Snapshot
+
+if TYPE_CHECKING:
+    from .controller import Controller
+
+
+def keep_running_work(ctl: Controller, snap: Snapshot, now: float, size_ref_s: float | None, s: Scratch,
+                      cause: ReleaseCause) -> None:
+    """Keep an instance whose running task would outlive its release to the billing
+    boundary after the task's expected end (``size_ref_s`` for tasks without an
+    estimate; None: the next boundary at least a tick away), while the budget allows.
+    Work killed at a release is work paid for twice."""
+    cfg = ctl.config
+    # A task with copies on several machines needs only the one kept longest (a private
+    # node: forever); the others may go at their releases.
+    keeper: dict[str, tuple[float, str]] = {}
+    for n in snap.nodes:
+        until = math.inf if n.is_private else (s.release_of(n) if s.release_of(n) is not None else math.inf)
+        for r in n.running:
+            if r.task_id not in keeper or (until, n.id) > keeper[r.task_id]:
+                keeper[r.task_id] = (until, n.id)
+    for n in snap.nodes:
+        if n.is_private or not n.running or n.launched_at_s is None:
+            continue
+        rel = s.release_of(n)
+        if rel is None or rel - now > cfg.tick_s + cfg.margin_s:
+            continue
+        mine = [r for r in n.running if keeper[r.task_id][1] == n.id]
+        if not mine:
+            continue
+        need = rel + cfg.tick_s + cfg.margin_s
+        if size_ref_s is not None:
+            ends = [r.started_at_s + (r.estimate_ref_s or size_ref_s) / n.speed for r in mine]
+            # A task still running past its expected end is not about to end: nothing
+            # says when it will, and its work so far is lost at the release. Keep it.
+            if max(ends) <= rel and min(ends) > now:
+                continue
+            need = max(need, max(ends) + cfg.margin_s)
+        t = snap.types[n.type_name]
+        # per-second billing has a boundary every second: go at least a tick further
+        target = t.billing.paid_until(n.launched_at_s, need) - cfg.margin_s
+        if target > rel and affordable_extension(ctl, snap, s, n, t, target, now):
+            s.actions.append(ScheduleRelease(n.id, target, cause))
+            s.release[n.id] = target
+
+
+def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_and_fit: tuple[float, float], rng,
+             s: Scratch) -> None:
+    mean, fit_size = mean_and_fit
+    fit_rule = ctl.config.policy == Policy.BROKER or BASELINES[ctl.config.policy].fit_rule
+    ready = sorted((n for n in snap.nodes_with_free_slots() if n.ready(now)), key=lambda n: (-n.speed, n.id))
+    idle_slots: list[tuple[NodeView, int, float]] = []
+    for node in ready:
+        if len(node.running) >= node.slots:
+            continue
+        release = s.release_of(node) if not node.is_private else None
+        for slot in node.free_slots():
+            if (node.id, slot) in s.used_slots or (release is not None and release <= now):
+                continue
+            limit_ref = math.inf
+            if fit_rule and release is not None:
+                limit_ref = (release - now) * node.speed / ctl.config.fit_safety
+            pick = snap.pending.largest_fitting(limit_ref, fit_size if fit_rule else mean, s.taken)
+            if pick is None and not fit_rule:
+                pick = snap.pending.smallest(mean, s.taken)
+            if pick is None:
+                idle_slots.append((node, slot, limit_ref))
+                continue
+            s.taken.add(pick[0])
+            s.actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, WorkCause.DISPATCH))
+    if (idle_slots and fit_rule and budget_of(ctl, snap) is None and snap.count_running() == 0
+            and not s.taken and len(snap.pending)):
+        # Nothing runs and nothing fits: rather than wait for a plan that thinks the
+        # fleet suffices, start the smallest task where most paid time is left (the
+        # tick then keeps that instance to the task's end). Not under a budget: there,
+        # a task that cannot finish in paid time waits (BaTS semantics).
+        node, slot, _ = max(idle_slots, key=lambda x: (x[2], x[0].id))
+        pick = snap.pending.smallest(mean, s.taken)
+        if pick is not None:
+            s.taken.add(pick[0])
+            s.actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, WorkCause.NOTHING_FITS_ANYWHERE))
+            idle_slots = [x for x in idle_slots if (x[0].id, x[1]) != (node.id, slot)]
+    if ctl.config.replicate and ctl.config.policy == Policy.BROKER and len(snap.pending) - len(s.taken) <= 0 and idle_slots:
+        replicate(snap, now, mean, idle_slots, s)
+
+
+def replicate(snap: Snapshot, now: float, mean: float, idle_slots, s: Scratch) -> None:
+    """Tail replication: copy the running task expected to end last onto an idle paid slot
+    when the copy would end sooner there (first result wins).
+
+    A task's expected end is its start plus its size (estimate, else the mean) at its
+    node's speed. A task already past that is *overdue*, and nothing says how long it
+    still needs; it is taken to need as long again as it has run (its total twice its
+    age: heavy-tailed runtimes, 2^x minutes, keep going the longer they have gone), so
+    an overdue task is copied to a node more than twice as fast. The copy only uses paid
+    time nobody else wants; it never keeps a machine longer (``keep_running_work``
+    protects one copy of a task, on the machine kept longest)."""
+    copies: dict[str, int] = {}
+    running = []
+    for n in snap.nodes:
+        for r in n.running:
+            copies[r.task_id] = copies.get(r.task_id, 0) + 1
+            est = r.estimate_ref_s if r.estimate_ref_s is not None else mean
+            end = r.started_at_s + est / n.speed
+            size = est
+            if end <= now:  # overdue
+                age_ref = (now - r.started_at_s) * n.speed
+                size = max(est, 2.0 * age_ref)
+                end = r.started_at_s + size / n.speed
+            running.append((end, size, r, n))
+    running.sort(key=lambda x: (-x[0], x[2].task_id))
+    for node, slot, limit_ref in idle_slots:
+        for end, size, r, n in running:
+            if copies.get(r.task_id, 0) >= 2 or n.id == node.id:
+                continue
+            if size > limit_ref or now + size / node.speed >= end:
+                continue
+            copies[r.task_id] = copies.get(r.task_id, 0) + 1
+            s.actions.append(Replicate(r.task_id, SlotRef(node.id, slot), r.attempt + 1, WorkCause.TAIL_REPLICATION))
+            break
