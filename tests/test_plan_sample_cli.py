@@ -52,7 +52,7 @@ def test_json_is_one_object_with_the_sample_and_the_remaining_tasks(files, capsy
     document = json.loads(captured.out)  # fails unless stdout is exactly one JSON document
     assert set(document) == {"work", "front", "chosen", "solve_ms", "sample"}
     sample = document["sample"]
-    assert set(sample) == {"rule", "samples", "mean_ref_s", "eps", "delta", "capped"}
+    assert set(sample) == {"rule", "samples", "mean_ref_s", "eps", "delta", "capped", "exact"}
     assert sample["rule"] == "bats" and sample["samples"] == 30
     assert (sample["eps"], sample["delta"], sample["capped"]) == (0.5, 0.1, 0)
     # sleeps average 0.04 s on a speed-2 node: 0.08 reference seconds, plus process start-up

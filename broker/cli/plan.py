@@ -223,7 +223,8 @@ def run(args: argparse.Namespace) -> int:
         }
         if sampled is not None:
             document["sample"] = {"rule": sampled.rule, "samples": sampled.samples, "mean_ref_s": sampled.mean_ref_s,
-                                  "eps": sampled.eps, "delta": sampled.delta, "capped": sampled.capped}
+                                  "eps": sampled.eps, "delta": sampled.delta, "capped": sampled.capped,
+                                  "exact": sampled.exact}
         print(json.dumps(document))
         if reason:
             print(f"broker plan: {reason}", file=sys.stderr)
@@ -327,15 +328,18 @@ def expectation_lines(rule: str, eps: float, delta: float, r_max_s: float, n_tas
     if rule == "bats":
         count = expected_samples(rule, eps, delta, 1.0, 0.0, n_tasks)
         return f"{head}\n  samples: {count:.0f} of {n_tasks} tasks (fixed by BaTS's formula)"
+    whole = (f"\n  that is more than the bag's {n_tasks} tasks: sampling will run them all and so learn their "
+             "exact mean")
     if guess_mean_s is None or not 0 < guess_mean_s:
         half, tenth = (expected_samples(rule, eps, delta, mu, mu / 2, n_tasks) for mu in (0.5, 0.1))
         return (f"{head}\n  expected samples: ~{half:.0f} if tasks take about half the timeout, ~{tenth:.0f} if a "
-                f"tenth (of {n_tasks} tasks; give --mean-runtime for a closer figure)")
+                f"tenth (of {n_tasks} tasks; give --mean-runtime for a closer figure)"
+                + (whole if half >= n_tasks else ""))
     mean_s = min(guess_mean_s, r_max_s)
     sd_s = guess_sd_s if guess_sd_s is not None else mean_s / 2
     now = expected_samples(rule, eps, delta, mean_s / r_max_s, min(sd_s / r_max_s, 1.0), n_tasks)
     lines = [head, f"  expected samples: ~{now:.0f} of {n_tasks} tasks, if tasks take about "
-                   f"{_duration_text(mean_s)} +/- {_duration_text(sd_s)}"]
+                   f"{_duration_text(mean_s)} +/- {_duration_text(sd_s)}" + (whole if now >= n_tasks else "")]
     tighter_s = max(_TIGHTER_MEANS * mean_s, mean_s + _TIGHTER_SDS * sd_s)
     if r_max_s >= _LOOSE_FACTOR * tighter_s:
         saving = tighter_rmax_saving(rule, eps, delta, mean_s, sd_s, r_max_s, tighter_s, n_tasks)
@@ -348,13 +352,20 @@ def sampled_lines(estimate: Estimate, completed: int, done: int, remaining: int,
                   samples_path: object) -> str:
     """The estimate, and what sampling already did of the bag."""
     extra = completed - estimate.samples
-    lines = [f"sampled: mean {estimate.mean_ref_s:.3g} ref-s from {estimate.samples} samples ({estimate.rule}, "
-             f"eps {estimate.eps:g}, delta {estimate.delta:g}; {estimate.capped} hit the timeout)",
-             f"  {estimate.guarantee}"]
+    if estimate.exact:
+        head = (f"sampled: every task of the bag ran ({estimate.samples}; {estimate.capped} hit the timeout): "
+                f"the exact mean is {estimate.mean_ref_s:.3g} ref-s")
+    else:
+        head = (f"sampled: mean {estimate.mean_ref_s:.3g} ref-s from {estimate.samples} samples ({estimate.rule}, "
+                f"eps {estimate.eps:g}, delta {estimate.delta:g}; {estimate.capped} hit the timeout)")
+    lines = [head, f"  {estimate.guarantee}"]
     lines += [f"  warning: {w}" for w in estimate.warnings]
-    lines.append(f"  {done} tasks done while sampling ({extra} beyond the rule's need"
-                 + (f", {cancelled} cancelled" if cancelled else "")
-                 + f"): planning the other {remaining}; list in {samples_path}")
+    if remaining == 0:
+        lines.append(f"  {done} tasks done while sampling: nothing left to plan; list in {samples_path}")
+    else:
+        lines.append(f"  {done} tasks done while sampling ({extra} beyond the rule's need"
+                     + (f", {cancelled} cancelled" if cancelled else "")
+                     + f"): planning the other {remaining}; list in {samples_path}")
     return "\n".join(lines)
 
 
