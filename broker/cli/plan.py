@@ -30,6 +30,7 @@ from typing import Sequence
 import structlog
 
 from broker.cli import UsageError
+from broker.cli.frontview import FrontView, plot_front, render_table
 from broker.cli.terminal import RedrawnLine
 from broker.config.durations import format_duration, parse_duration
 from broker.core.estimate import Estimate
@@ -196,6 +197,8 @@ def run(args: argparse.Namespace) -> int:
             front = pareto_front(types, private, work)
             if goal is not None:
                 chosen = plan_for_goal(types, private, work, goal, front=front)
+                if goal.kind in ("point", "theta"):
+                    chosen = _as_run_chooses(types, private, work, chosen)
         except NoFeasiblePlan as exc:
             reason = str(exc)
         except ValueError as exc:  # a point that is not on the front
@@ -211,8 +214,9 @@ def run(args: argparse.Namespace) -> int:
         log.info("plan.solved", policy=args.policy, goal=goal.describe() if goal else None,
                  front_points=len(front), solve_ms=round(solve_ms, 1), reason=reason)
 
+    view = FrontView(work, types, front, chosen, goal=goal)
     if args.plot:
-        _plot(front, chosen, args.plot)
+        plot_front(view, args.plot)
     if args.json:
         document = {
             "work": {"tasks": work.tasks, "mean_ref_s": work.mean_ref_s,
@@ -229,10 +233,19 @@ def run(args: argparse.Namespace) -> int:
         if reason:
             print(f"broker plan: {reason}", file=sys.stderr)
     else:
-        print(render_table(work, types, front, chosen))
+        print(render_table(view))
         if reason:
             print(f"cannot meet {goal.describe() if goal else 'the goal'}: {reason}")
     return 1 if reason else 0
+
+
+def _as_run_chooses(types, private, work: Work, chosen: Plan) -> Plan:
+    """The plan ``broker run`` adopts for a point or theta goal: the chosen point's cost,
+    finishing as soon as that money allows (``FleetPlanner.soonest_at_cost``), so that the
+    plan printed here is the one the run promises."""
+    from broker.core.control.planning import FleetPlanner, PlannerInput
+
+    return FleetPlanner().soonest_at_cost(PlannerInput(tuple(types), tuple(private), (), work, 0.0), chosen)
 
 
 # -- sampling -------------------------------------------------------------------------------
@@ -444,52 +457,3 @@ def _task_cwd(bag: Bag) -> str | None:
 
 def _write_json(path: Path, document: dict) -> None:
     path.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
-
-
-def render_table(work: Work, types: Sequence, front: Sequence[Plan], chosen: Plan | None) -> str:
-    """The front as rows: index, makespan, cost, machines per type (with billing), status."""
-    lines = [
-        f"work: {work.tasks} tasks x {_duration_text(work.mean_ref_s)} mean on a speed-1 slot = "
-        f"{work.tasks * work.mean_ref_s:.0f} ref-s; planned for {work.total_ref_s:.0f} ref-s"
-    ]
-    rows = [(str(k), p) for k, p in enumerate(front, 1)]
-    if chosen is not None and not any(p is chosen for _, p in rows):
-        rows.append(("-", chosen))
-        rows.sort(key=lambda r: (r[1].makespan_s, r[1].cost_usd))
-    names = [t.name for t in types]
-    header = ["", "#", "makespan", "cost"] + [f"{t.name} ({t.billing.describe()})" for t in types]
-    header += ["private", "status"]
-    table = [header]
-    for label, p in rows:
-        shares = list(p.private_share.values())
-        private = f"{100 * statistics.fmean(shares):.0f}%" if shares else "-"
-        table.append(["*" if p is chosen else "", label, format_duration(p.makespan_s), f"${p.cost_usd:.2f}"]
-                     + [str(p.fleet.get(n, 0)) for n in names] + [private, p.status])
-    widths = [max(len(row[c]) for row in table) for c in range(len(header))]
-    for row in table:
-        lines.append("  ".join(cell.ljust(w) if c < 2 else cell.rjust(w) for c, (cell, w) in
-                               enumerate(zip(row, widths))).rstrip())
-    if not front:
-        lines.append("(no plan)")
-    return "\n".join(lines)
-
-
-def _plot(front: Sequence[Plan], chosen: Plan | None, path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'hybrid-broker[plot]'") from None
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([p.makespan_s / 3600 for p in front], [p.cost_usd for p in front], "o-", label="Pareto front")
-    if chosen is not None:
-        ax.plot([chosen.makespan_s / 3600], [chosen.cost_usd], "r*", markersize=16, label="chosen")
-    ax.set_xlabel("makespan (hours)")
-    ax.set_ylabel("cost (USD)")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)

@@ -385,7 +385,7 @@ class Controller:
         """Reference seconds node ``n`` works from now to ``end`` (released at ``release_at_s``
         if it is an instance), less the planner's allowance for a run's end."""
         start = max(now, n.ready_at_s or now)
-        allowance = self.planner.options.phi_s + 0.5 * rem.mean_ref_s / n.speed
+        allowance = self.planner.options.allowance_s(n.speed, rem.mean_ref_s, rem.sd_ref_s)
         stop = end if n.is_private else min(end, release_at_s if release_at_s is not None else end)
         return n.slots * n.speed * max(0.0, stop - start - allowance)
 
