@@ -43,25 +43,25 @@ def test_plan_plot_is_a_png_of_the_expected_size(tmp_path, capsys):
     rc = main(["plan", "--inventory", str(REPO / "examples" / "thesis-catalogue.yaml"), "--tasks", "2000",
                "--mean-runtime", "17m", "--deadline", "2d", "--plot", str(png)])
     assert rc == 0, capsys.readouterr().err
-    assert png_size(png) == (600, 400)
+    assert png_size(png) == (770, 495)
     assert png.stat().st_size > 10_000  # axes, a line, markers and a legend, not an empty canvas
 
 
 def test_report_plot_is_a_png_with_the_front_re_solved(observed_dry_run, tmp_path, capsys):
     png = tmp_path / "report.png"
     assert main(["report", str(observed_dry_run.run_dir), "--plot", str(png)]) == 0
-    assert png_size(png) == (1000, 400)
+    assert png_size(png) == (1210, 495)
     assert png.stat().st_size > 15_000
     with Journal.open(observed_dry_run.run_dir, readonly=True) as journal:
         report = build(journal, observed_dry_run.run_dir)
-    front, note = _first_front(report, observed_dry_run.run_dir)
-    assert note is None and len(front) >= 2
+    view, note = _first_front(report, observed_dry_run.run_dir)
+    assert note is None and len(view.front) >= 2
     # Shifted to the run's start: every point ends after the first plan was made (after sampling).
     made_s = journal_plan_made_s(observed_dry_run.run_dir)
     assert made_s > 0
-    assert all(m > made_s and c >= 0 for m, c in front)
+    assert all(r.makespan_s > made_s and r.cost_usd >= 0 for r in view.rows())
     missing = dict(report, inventory_path=str(tmp_path / "gone.yaml"))
-    assert _first_front(missing, observed_dry_run.run_dir) == ([], f"front not drawn: inventory {tmp_path / 'gone.yaml'} not found")
+    assert _first_front(missing, observed_dry_run.run_dir) == (None, f"front not drawn: inventory {tmp_path / 'gone.yaml'} not found")
 
 
 @pytest.mark.parametrize("command", ["plan", "report"])
