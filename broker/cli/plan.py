@@ -123,7 +123,11 @@ def _number(flag: str, text: str, lo: float, hi: float) -> float:
         value = float(text)
     except ValueError:
         raise UsageError(f"{flag}: expected a number, got {text!r}") from None
-    if not (lo <= value <= hi) or math.isnan(value):
+    if not math.isfinite(value):
+        # `--budget inf` ran and wrote "goal_value": Infinity, which strict JSON parsers reject.
+        hint = (": without a budget, give --theta 0 (fastest) or no goal (cheapest)" if flag == "--budget" else "")
+        raise UsageError(f"{flag}: must be a finite number, got {text!r}{hint}")
+    if not (lo <= value <= hi):
         raise UsageError(f"{flag}: must be between {lo:g} and {hi:g}, got {text!r}")
     return value
 

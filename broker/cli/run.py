@@ -34,7 +34,7 @@ import queue
 import secrets
 import signal
 import sys
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -137,9 +137,52 @@ def run(args: argparse.Namespace) -> int:
                          "the private key file of the key pair aws.key_name (or use --dry-run)")
 
     run_dir = Path(args.run_dir) if args.run_dir else None
+    _check_before_creating(args, run_dir)
+    run_id = new_run_id()
+    if run_dir is None or not run_dir.is_dir():
+        run_dir = run_dir or RUNS_DIR / run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+    with _attached(run_dir):
+        return _run_in(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_s)
+
+
+def _check_before_creating(args, run_dir: Path | None) -> None:
+    """Traps that must stop the run before it creates anything (nothing is left behind)."""
+    if run_dir is not None and run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"--run-dir: {run_dir} is a file, not a directory: name a directory (it is created "
+                         "if missing)")
+    if args.metrics_port:  # 0 takes any free port
+        import socket
+
+        from broker.shells.metrics import METRICS_HOST
+
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((METRICS_HOST, args.metrics_port))
+            except OSError as exc:
+                raise UsageError(f"--metrics-port {args.metrics_port}: cannot listen on {METRICS_HOST}:"
+                                 f"{args.metrics_port} ({exc.strerror or exc}): give another port, or 0 for any "
+                                 "free one") from None
+
+
+@contextmanager
+def _attached(run_dir: Path):
+    """Hold the run directory's daemon lock (``broker status`` tells whether a daemon is attached;
+    a second ``broker run`` on the directory is refused)."""
+    from broker.shells.runlock import RunDirInUse, hold
+
+    try:
+        with hold(run_dir):
+            yield
+    except RunDirInUse as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _run_in(args, inventory, bag, goal, run_id: str, run_dir: Path, scale, tick_s, margin_s) -> int:
+    """Resume the unfinished run in ``run_dir``, or start a new one there."""
     from broker.shells.journal import JOURNAL_FILE, Journal
 
-    if run_dir is not None and (run_dir / JOURNAL_FILE).is_file():
+    if (run_dir / JOURNAL_FILE).is_file():
         from broker.shells.journal import JournalError
 
         try:
@@ -157,9 +200,6 @@ def run(args: argparse.Namespace) -> int:
                                  "start a new run directory to run again")
             scale, tick_s, margin_s = _check_resume(args, record, goal, scale, inventory, instance_types, run_dir)
             return _execute(args, inventory, bag, goal, record.id, run_dir, scale, tick_s, margin_s, resume=record)
-    run_id = new_run_id()
-    run_dir = run_dir or RUNS_DIR / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
     return _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_s)
 
 

@@ -141,7 +141,9 @@ def configure_logging(
         return event.get("event") in CONSOLE_EVENTS
 
     sinks: list[tuple[Any, Any]] = [(None, renderer)]  # None: the console
-    json_renderer = structlog.processors.JSONRenderer(sort_keys=False)
+    json_renderer = structlog.processors.JSONRenderer(serializer=_strict_json)
+    if json:
+        renderer = json_renderer
     for f in extra_files or []:
         sinks.append((f, json_renderer))
 
@@ -186,6 +188,25 @@ def configure_logging(
     handler._broker = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
+
+
+def _strict_json(event: Any, **kw: Any) -> str:
+    """JSON that strict parsers read: a non-finite number (an unbounded release time, an
+    infinite goal) is written as null, never as the non-standard ``Infinity`` or ``NaN``."""
+    import json as _json
+    import math
+
+    def finite(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v) for v in value]
+        return value
+
+    kw.pop("sort_keys", None)
+    return _json.dumps(finite(event), allow_nan=False, **kw)
 
 
 def _human(key: str, value: Any) -> str:
