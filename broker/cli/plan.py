@@ -31,7 +31,6 @@ import structlog
 
 from broker.cli import UsageError
 from broker.cli.frontview import FrontView, plot_front, render_table
-from broker.cli.terminal import RedrawnLine
 from broker.config.durations import format_duration, parse_duration
 from broker.core.estimate import Estimate
 from broker.core.estimate.rules import RULE_NAMES
@@ -387,16 +386,21 @@ def sampled_lines(estimate: Estimate, completed: int, done: int, remaining: int,
 
 
 class SamplingProgressView:
-    """Sampling progress: one line rewritten in place on a terminal, else a ``sample.progress``
-    event every ``_PROGRESS_EVERY`` completed draws. The expected total is re-derived from the
-    samples so far."""
+    """Sampling progress: a live bar on a terminal (stderr; log lines print above it), else a
+    ``sample.progress`` event every ``_PROGRESS_EVERY`` completed draws. The expected total
+    is re-derived from the samples so far."""
 
     def __init__(self, rule: str, eps: float, delta: float, r_max_s: float, n_tasks: int) -> None:
+        from broker.cli.terminal import ProgressBoard, is_terminal
+
         self.rule, self.eps, self.delta, self.r_max_s, self.n_tasks = rule, eps, delta, r_max_s, n_tasks
-        self.tty = sys.stderr.isatty()
+        self.tty = is_terminal(sys.stderr)
         self.expected: float | None = None
         self.logged_at = 0
-        self.line = RedrawnLine(sys.stderr)
+        self.board = ProgressBoard(sys.stderr) if self.tty else None
+        if self.board is not None:
+            self.board.bar("sample", "sampling", None, count="0")
+            self.board.start()
 
     def __call__(self, p) -> None:
         if p.completed >= 2 and p.mean_ref_s and (self.expected is None or p.completed % _PROGRESS_EVERY == 0):
@@ -406,13 +410,14 @@ class SamplingProgressView:
             self.expected = expected_samples(self.rule, self.eps, self.delta, mu, (p.sd_ref_s or 0.0) / self.r_max_s,
                                              self.n_tasks)
         mean = "-" if p.mean_ref_s is None else f"{p.mean_ref_s:.3g}s"
-        if self.tty:
+        if self.board is not None:
             expected = None if self.expected is None else min(self.expected, self.n_tasks)
-            total = f"/~{expected:.0f}" if expected is not None and expected > p.completed else ""
-            line = f"sampling: {p.completed}{total} done, {p.running} running, mean so far {mean}"
-            if p.failures:
-                line += f", {p.failures} failed"
-            self.line.draw(line)
+            total = expected if expected is not None and expected > p.completed else None
+            if p.finished:
+                total = p.completed
+            info = f"{p.running} running, mean so far {mean}" + (f", {p.failures} failed" if p.failures else "")
+            self.board.update("sample", completed=p.completed, total=total,
+                              count=f"{p.completed}" + (f"/~{total:.0f}" if total and not p.finished else ""), info=info)
             if p.finished:
                 self.close()
         elif p.completed - self.logged_at >= _PROGRESS_EVERY:
@@ -421,7 +426,8 @@ class SamplingProgressView:
                                         mean_ref_s=p.mean_ref_s, expected_samples=self.expected, failures=p.failures)
 
     def close(self) -> None:
-        self.line.close()
+        if self.board is not None:
+            self.board.stop()
 
 
 def _duration_text(seconds: float) -> str:

@@ -91,26 +91,6 @@ def promise_text(promise: Any, *, origin: str = "") -> str:
     return ", ".join(parts) or "no figures"
 
 
-# -- the redrawn line (kept for callers without rich's live display) ---------------------------
-class RedrawnLine:
-    """Each ``draw`` overwrites the last (padded to its width); ``close`` ends the line."""
-
-    def __init__(self, stream) -> None:
-        self.stream = stream
-        self.width = 0
-
-    def draw(self, text: str) -> None:
-        self.stream.write("\r" + text.ljust(self.width))
-        self.stream.flush()
-        self.width = len(text)
-
-    def close(self) -> None:
-        if self.width:
-            self.stream.write("\n")
-            self.stream.flush()
-            self.width = 0
-
-
 # -- live bars ---------------------------------------------------------------------------------
 def is_terminal(stream: Any) -> bool:
     return bool(getattr(stream, "isatty", None)) and stream.isatty()
