@@ -127,8 +127,11 @@ class RunConsole:
             promised = [p for p in front if abs(offset + p.makespan_s - memory.planned_makespan_s) <= 0.5
                         and abs(p.cost_usd - memory.planned_cost_usd) <= 0.005]
             chosen = promised[0] if promised else _promised_plan(plan, memory, offset)
+        notes = []
+        if not promise_goal and plan is not None:
+            chosen, notes = _as_launched(plan, request, offset)
         goal = Goal(self.goal.kind, float(self.goal.value)) if self.goal.kind in ("deadline", "budget") else None
-        return FrontView(work, self.inventory.types, front, chosen, offset_s=offset, goal=goal)
+        return FrontView(work, self.inventory.types, front, chosen, offset_s=offset, goal=goal, notes=notes)
 
     # -- the question -------------------------------------------------------------------------
     def confirm(self, request) -> bool:
@@ -214,6 +217,29 @@ def _promised_plan(plan, memory, offset_s: float):
     from dataclasses import replace
 
     return replace(plan, makespan_s=memory.planned_makespan_s - offset_s, cost_usd=memory.planned_cost_usd)
+
+
+def _as_launched(plan, request, offset_s: float):
+    """The adopted plan as the run buys it: the controller launches no more slots than there are
+    pending tasks (the planner sees the work as divisible), and its plan figures count only what
+    is launched; the table row shows that fleet and cost."""
+    from dataclasses import replace
+
+    memory = request.memory
+    launched: dict[str, int] = {}
+    for name, count in request.launches:
+        launched[name] = launched.get(name, 0) + count
+    planned_new: dict[str, int] = {}
+    for group in plan.new:
+        planned_new[group.type_name] = planned_new.get(group.type_name, 0) + group.count
+    if launched == planned_new or memory.planned_cost_usd is None:
+        return plan, []
+    fleet = {name: count - planned_new.get(name, 0) + launched.get(name, 0) for name, count in plan.fleet.items()}
+    shown = replace(plan, fleet=fleet, cost_usd=memory.planned_cost_usd,
+                    makespan_s=(memory.planned_makespan_s or offset_s + plan.makespan_s) - offset_s)
+    before, after = sum(planned_new.values()), sum(launched.values())
+    return shown, [f"* the solver's {before} new instances trimmed to the {after} that the pending tasks can "
+                   f"use (a slot takes one task at a time): the plan buys those"]
 
 
 def ask(question: str) -> str:

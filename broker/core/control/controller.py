@@ -541,7 +541,12 @@ class Controller:
         open_slots = sum(n.slots - len(n.running) for n in snap.nodes
                          if not n.lost and (n.is_private or s.release_of(n) is None or s.release_of(n) > now))
         wanted_slots = max(0, len(snap.pending) - open_slots)
-        for group in plan.new if len(snap.pending) else ():
+        trimmed_usd = 0.0  # what the plan priced but is not launched
+        for group in plan.new:
+            if not len(snap.pending):
+                t = snap.types[group.type_name]
+                trimmed_usd += group.count * t.billing.cost_usd(group.release_after_s, t.price_per_hour)
+                continue
             # With nothing pending, the work left is inside running tasks, which a new
             # machine cannot take over (tail replication uses paid idle slots instead).
             t = snap.types[group.type_name]
@@ -557,8 +562,15 @@ class Controller:
             if count > 0:
                 s.actions.append(Launch(t.name, count, result.cause or "plan", group.release_after_s - margin))
                 s.launched_usd += count * t.billing.cost_usd(group.release_after_s, t.price_per_hour)
+            trimmed_usd += (group.count - count) * t.billing.cost_usd(group.release_after_s, t.price_per_hour)
         self._budget_guard(snap, memory, now, s)
-        return replace(memory, shorten_streak=shorten)
+        memory = replace(memory, shorten_streak=shorten)
+        if trimmed_usd > 0 and memory.planned_cost_usd is not None and memory.promised_cost_usd is None:
+            # The plan's cost is what it buys: instances trimmed above are not bought, so the plan
+            # line, the launch question, status, the report and the metrics would otherwise show
+            # a cost the run never meant to spend ($9.68 planned, 13 instances for ~$1.47 asked).
+            memory = replace(memory, planned_cost_usd=max(snap.committed_usd, memory.planned_cost_usd - trimmed_usd))
+        return memory
 
     def _short_life_s(self, t: MachineType) -> float:
         """Paid life of an instance bought without a plan (sampling, FirstFit): its first
