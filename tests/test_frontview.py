@@ -79,7 +79,7 @@ def test_the_plot_draws_steps_numbered_points_the_deadline_and_the_chosen_row(fr
     deadline = Goal("deadline", front[2].makespan_s + 60)
     view = FrontView(WORK, THESIS.types, front, front[2], goal=deadline)
     fig, ax = plt.subplots()
-    draw_front(ax, view, per=3600.0)
+    draw_front(ax, view, per=3600.0)  # (hours, whatever plot_front would pick)
     labels = [t.get_text() for t in ax.texts]
     assert labels == [str(k) for k in range(1, len(front) + 1)]
     step = ax.lines[0]

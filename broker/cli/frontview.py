@@ -138,6 +138,8 @@ def _short(seconds: float) -> str:
 
 # -- the plot ------------------------------------------------------------------------------------
 def time_unit(seconds: float) -> tuple[str, float]:
+    if seconds >= 4 * 86400:
+        return "days", 86400.0
     if seconds >= 2 * 3600:
         return "hours", 3600.0
     if seconds >= 120:
@@ -158,7 +160,7 @@ def pyplot():
     return plt
 
 
-def draw_front(ax, view: FrontView, *, per: float,
+def draw_front(ax, view: FrontView, *, per: float, mark_chosen: bool = True,
                label: str = "front: the least cost of finishing by then (solved at the numbered points)") -> None:
     """The front as the staircase it is: the least cost of finishing by T drops only at a point
     (plans are bought in whole billing units), so between two points it stays at the faster
@@ -166,8 +168,14 @@ def draw_front(ax, view: FrontView, *, per: float,
     between two of them (a deadline) may cost a little less than the step above it, never
     less than the next point. Points numbered as ``--point K``; the goal's deadline or budget as a line; the chosen
     plan ringed and labelled as the row it is."""
-    rows = [r for r in view.rows() if r.label != "-"]
-    chosen = next((r for r in view.rows() if r.chosen), None)
+    every = view.rows()
+    chosen = next((r for r in every if r.chosen), None)
+    # A chosen plan between two points was solved for its own horizon: it is a point of the
+    # front too, and the steps pass through it (unless a faster point is no dearer).
+    rows = []
+    for r in every:
+        if not rows or r.cost_usd < rows[-1].cost_usd - 1e-9:
+            rows.append(r)
     if rows:
         xs = [r.makespan_s / per for r in rows]
         ys = [r.cost_usd for r in rows]
@@ -179,16 +187,17 @@ def draw_front(ax, view: FrontView, *, per: float,
         bottom = 0.0 if lo <= 0.5 * hi else max(0.0, lo - 0.25 * (hi - lo) - 0.01 * hi)
         ax.plot(xs, ys, "o", color="tab:blue", markersize=5)
         for r, x, y in zip(rows, xs, ys):
-            ax.annotate(r.label, (x, y), textcoords="offset points", xytext=(4, 5), fontsize=8, color="tab:blue")
+            if r.label != "-":
+                ax.annotate(r.label, (x, y), textcoords="offset points", xytext=(4, 5), fontsize=8,
+                            color="tab:blue")
         ax.set_ylim(bottom=bottom, top=hi + 0.12 * (hi - bottom) + 1e-9)
     goal = view.goal
-    if goal is not None and goal.kind == "deadline":
-        x = (view.offset_s + goal.value) / per
-        ax.axvline(x, color="tab:red", linestyle="--", linewidth=1,
-                   label=f"deadline {format_duration(view.offset_s + goal.value)}")
+    if goal is not None and goal.kind == "deadline":  # a deadline counts from the run's start
+        ax.axvline(goal.value / per, color="tab:red", linestyle="--", linewidth=1,
+                   label=f"deadline {format_duration(goal.value)}")
     elif goal is not None and goal.kind == "budget" and math.isfinite(goal.value):
         ax.axhline(goal.value, color="tab:red", linestyle="--", linewidth=1, label=f"budget ${goal.value:,.2f}")
-    if chosen is not None:
+    if chosen is not None and mark_chosen:
         name = f"chosen: point {chosen.label}" if chosen.label != "-" else "chosen (between points)"
         ax.plot([chosen.makespan_s / per], [chosen.cost_usd], "o", markersize=13, markerfacecolor="none",
                 markeredgecolor="tab:red", markeredgewidth=2, label=name)
@@ -198,7 +207,7 @@ def plot_front(view: FrontView, path: str, title: str | None = None) -> None:
     """``broker plan --plot``: the front, its numbered points, the goal's line, the chosen point."""
     plt = pyplot()
     rows = view.rows()
-    span = max([r.makespan_s for r in rows] + [view.offset_s + view.goal.value
+    span = max([r.makespan_s for r in rows] + [view.goal.value
                                                  if view.goal is not None and view.goal.kind == "deadline" else 0.0])
     unit, per = time_unit(span)
     fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -258,17 +258,27 @@ def plot(report: dict[str, Any], run_dir: Path, path: str) -> None:
     """The front the first plan was chosen on, with the proposed point (the promise, its
     interval as error bars when it has one) and the delivered one, on the same axes; and the
     utilization per type."""
-    from broker.cli.frontview import draw_front, pyplot, time_unit
+    from broker.cli.frontview import pyplot
 
     plt = pyplot()
-    view, note = _first_front(report, run_dir)
     fig, (ax, bars) = plt.subplots(1, 2, figsize=(11, 4.5), gridspec_kw={"width_ratios": [3, 2]})
+    draw_report(ax, bars, report, run_dir)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def draw_report(ax, bars, report: dict[str, Any], run_dir: Path) -> None:
+    """What :func:`plot` draws, on two matplotlib axes."""
+    from broker.cli.frontview import draw_front, time_unit
+
+    view, note = _first_front(report, run_dir)
     promise, delivered = report.get("promise") or report["planned"], report["delivered"]
     spans = [r.makespan_s for r in view.rows()] if view is not None else []
     spans += [v for v in (promise.get("makespan_s"), delivered["makespan_s"]) if v is not None]
     unit, per = time_unit(max(spans, default=0.0))
     if view is not None:
-        draw_front(ax, view, per=per, label="front of the first plan (steps: least cost by then)")
+        draw_front(ax, view, per=per, mark_chosen=False, label="front of the first plan (steps: least cost by then)")
     if promise.get("makespan_s") is not None and promise.get("cost_usd") is not None:
         x, y = promise["makespan_s"] / per, promise["cost_usd"]
         xerr = _error_bar(promise.get("makespan_s_range"), promise["makespan_s"], per)
@@ -292,9 +302,6 @@ def plot(report: dict[str, Any], run_dir: Path, path: str) -> None:
     bars.set_ylim(0, 100)
     bars.set_ylabel("utilization (% of slot-time up)")
     bars.set_title("per type", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _error_bar(interval, point: float, per: float):
@@ -330,7 +337,15 @@ def _first_front(report: dict[str, Any], run_dir: Path):
         return None, "front not drawn: no feasible plan when re-solved"
     line = Goal(goal["kind"], float(goal["value"])) if goal.get("kind") in ("deadline", "budget") else None
     offset = report.get("first_plan_at_s") or 0.0
-    return FrontView(work, inventory.types, front, None, offset_s=offset, goal=line), None
+    promise = report.get("promise") or {}
+    chosen = None
+    if promise.get("makespan_s") is not None and promise.get("cost_usd") is not None:
+        # The first plan, as a plan of this front (its figures are from the run's start).
+        from broker.core.plan import Plan
+
+        chosen = Plan(makespan_s=max(0.0, promise["makespan_s"] - offset), cost_usd=promise["cost_usd"],
+                      fleet=dict(first.get("fleet") or {}))
+    return FrontView(work, inventory.types, front, chosen, offset_s=offset, goal=line), None
 
 
 def print_report(run_dir: Path) -> None:
