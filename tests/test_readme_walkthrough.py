@@ -1,6 +1,6 @@
 """The README's walkthrough, line by line: each command there runs here and exits 0.
 
-The lines are read from README.md itself (the indented block after "A walkthrough:"), so the
+The lines are read from README.md itself (the indented block after "A walkthrough"), so the
 README and this test cannot drift apart. They run in order in a scratch directory holding the
 repository's ``inventory.yaml`` and ``examples/`` (a line may read what an earlier one wrote:
 ``broker status runs/demo`` reads the dry run's journal).
@@ -23,16 +23,13 @@ REPO = Path(__file__).resolve().parents[1]
 def walkthrough_lines(readme: Path = REPO / "README.md") -> list[str]:
     """The commands of the README's walkthrough block, in order."""
     text = readme.read_text(encoding="utf-8").splitlines()
-    start = text.index("A walkthrough:")
+    start = next(k for k, line in enumerate(text) if line.startswith("A walkthrough"))
     lines: list[str] = []
     for line in text[start + 1:]:
-        if not line.strip():
-            if lines:
-                break
-            continue
-        if not line.startswith("    "):
-            break
-        lines.append(line.strip())
+        if line.startswith("    "):
+            lines.append(line.strip())
+        elif lines:
+            break  # the end of the indented block
     return lines
 
 
