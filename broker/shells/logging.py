@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 import structlog
 
@@ -96,8 +96,6 @@ def configure_logging(
     live progress display that redirects it (:mod:`broker.cli.terminal`) prints log lines
     above its bars, never through them.
     """
-    from broker.shells.events import CONSOLE_EVENTS
-
     def console() -> TextIO:
         return stream if stream is not None else sys.stderr
 
@@ -119,10 +117,36 @@ def configure_logging(
             return event
 
         shared.insert(0, add_context)
-    renderer: Any = structlog.processors.JSONRenderer(sort_keys=False) if json else _compact_console(tty)
+    json_renderer = structlog.processors.JSONRenderer(serializer=_strict_json)
+    renderer: Any = json_renderer if json else _compact_console(tty)
     processors = shared + [structlog.processors.format_exc_info, redact]  # tracebacks masked too
     console_level = _LEVELS[level.lower()]
-    curated = tty and not json and console_level == logging.INFO
+    shown = _console_filter(console_level, curated=tty and not json and console_level == logging.INFO)
+    sinks: list[tuple[Any, Any]] = [(None, renderer)] + [(f, json_renderer) for f in extra_files or []]
+    fan_out = _fan_out(sinks, console, renderer, shown)
+    # The record (extra files) takes every level; the console filters in fan_out.
+    floor = logging.DEBUG if extra_files else console_level
+    structlog.configure(
+        processors=processors + [fan_out],
+        wrapper_class=structlog.make_filtering_bound_logger(floor),
+        cache_logger_on_first_use=False,
+    )
+    # stdlib logging (APScheduler, paramiko, botocore) goes through the same sinks at WARNING+.
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "_broker", False):
+            root.removeHandler(h)
+    handler = _StructlogHandler()
+    handler._broker = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+
+
+def _console_filter(console_level: int, curated: bool) -> Callable[[dict[str, Any]], bool]:
+    """Whether the console shows an event: at or above its level; on a terminal at info, only
+    what a person follows (``CONSOLE_EVENTS``, a re-plan only when the fleet or the cost
+    changes) and every warning."""
+    from broker.shells.events import CONSOLE_EVENTS
 
     last_plan: list[Any] = [None]
 
@@ -133,19 +157,19 @@ def configure_logging(
         if not curated or at >= logging.WARNING:
             return True
         if event.get("event") == "plan.solved" and "run_id" in event:
-            # A re-plan that keeps the fleet and the cost says nothing new to a person.
             key = (str(event.get("fleet")), round(float(event.get("cost_usd") or 0.0), 2))
             if key == last_plan[0]:
-                return False
+                return False  # a re-plan that keeps the fleet and the cost says nothing new
             last_plan[0] = key
         return event.get("event") in CONSOLE_EVENTS
 
-    sinks: list[tuple[Any, Any]] = [(None, renderer)]  # None: the console
-    json_renderer = structlog.processors.JSONRenderer(serializer=_strict_json)
-    if json:
-        renderer = json_renderer
-    for f in extra_files or []:
-        sinks.append((f, json_renderer))
+    return shown
+
+
+def _fan_out(sinks: list[tuple[Any, Any]], console: Callable[[], TextIO], renderer: Any,
+             shown: Callable[[dict[str, Any]], bool]) -> Callable[..., str]:
+    """The last processor: each event to the console (``None`` sink, filtered) and to every file
+    (whole lines; a full disk drops that file and says so on the console)."""
 
     def fan_out(logger: Any, name: str, event: dict[str, Any]) -> str:
         for sink, render in list(sinks):
@@ -172,22 +196,7 @@ def configure_logging(
                 console().flush()
         raise structlog.DropEvent
 
-    # The record (extra files) takes every level; the console filters in fan_out.
-    floor = logging.DEBUG if extra_files else console_level
-    structlog.configure(
-        processors=processors + [fan_out],
-        wrapper_class=structlog.make_filtering_bound_logger(floor),
-        cache_logger_on_first_use=False,
-    )
-    # stdlib logging (APScheduler, paramiko, botocore) goes through the same sinks at WARNING+.
-    root = logging.getLogger()
-    for h in list(root.handlers):
-        if getattr(h, "_broker", False):
-            root.removeHandler(h)
-    handler = _StructlogHandler()
-    handler._broker = True  # type: ignore[attr-defined]
-    root.addHandler(handler)
-    root.setLevel(logging.WARNING)
+    return fan_out
 
 
 def _strict_json(event: Any, **kw: Any) -> str:
