@@ -148,3 +148,24 @@ def test_after_a_resume_the_phase_is_running_and_a_finished_run_has_no_stop_reas
         journal.finish_run("finished", at_s=at + 40)
         report = build(journal, run_dir)
     assert report["state"] == "finished" and report["stop_reason"] is None
+
+
+def test_a_run_with_tasks_left_reports_no_deviation_from_the_plan(tmp_path, capsys):
+    """Regression: a stopped run with 96 tasks left reported a makespan deviation of -34.7%."""
+    from broker.shells.daemon import RunReport
+
+    run_dir = tmp_path / "r1"
+    make_run(run_dir)
+    with Journal.open(run_dir) as journal:
+        at = journal.run().created_at_s
+        journal.record_event("plan.solved", {"makespan_s": 5400.0, "cost_usd": 0.51}, at_s=at + 10)
+        journal.finish_run("stopped", at_s=at + 1800)
+    assert main(["report", str(run_dir), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["tasks"]["left"] == 6 and report["deviation_pct"] == {"makespan": None, "cost": None}
+    assert main(["report", str(run_dir)]) == 0
+    assert "no deviation: 6 tasks left" in capsys.readouterr().out
+    stopped = RunReport("r", "stopped", 100, 4, 0, 0, 0, 600.0, 1.0, 1.0, 0.0, 900.0, 2.0, {}, False, 1.0)
+    finished = RunReport("r", "finished", 100, 100, 0, 0, 0, 600.0, 1.0, 1.0, 0.0, 900.0, 2.0, {}, False, 1.0)
+    assert stopped.to_json()["deviation_pct"] == {"makespan": None, "cost": None}
+    assert finished.to_json()["deviation_pct"] == {"makespan": -33.33, "cost": -50.0}
