@@ -104,8 +104,8 @@ def private_work_share(plan: Any, work: Any) -> float | None:
 def render_table(view: FrontView) -> str:
     """The front as rows: number, makespan, cost, machines per type (with billing), private share, status."""
     work = view.work
-    lines = [f"work: {work.tasks} tasks x {_short(work.mean_ref_s)} mean on a speed-1 slot = "
-             f"{work.tasks * work.mean_ref_s:,.0f} ref-s; planned for {work.total_ref_s:,.0f} ref-s"]
+    lines = [f"work: {work.tasks:,} tasks x {_short(work.mean_ref_s)} mean = {_short(work.tasks * work.mean_ref_s)} "
+             f"on one speed-1 slot; planned for {_short(work.total_ref_s)} (its upper confidence value)"]
     if view.offset_s > 0 or view.committed_usd > 0:
         lines.append(f"figures from the run's start: {format_duration(view.offset_s)} already run"
                      + (f", ${view.committed_usd:,.2f} already committed" if view.committed_usd > 0 else ""))
