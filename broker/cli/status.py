@@ -48,6 +48,7 @@ from broker.config.durations import format_duration, parse_duration
 from broker.cli.terminal import goal_text
 from broker.shells.journal import JOURNAL_FILE, Journal, JournalError, Overview, RunRecord
 from broker.shells.metrics import CONFIDENCE_Z, Figures, anchor_s, figures, interval_level, run_now_s
+from broker.shells.logging import json_safe
 from broker.shells.runlock import holder
 
 RUNS_DIR = Path("runs")
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc
     with journal:
         if args.json:
-            print(json.dumps(_finite(status_document(journal, run_dir, time.time())), allow_nan=False))
+            print(json.dumps(json_safe(status_document(journal, run_dir, time.time())), allow_nan=False))
             return 0
         if not args.watch:
             print(render(snapshot(journal, time.time()), run_dir))
@@ -388,13 +389,3 @@ def status_document(journal: Journal, run_dir: Path, wall_now_s: float) -> dict:
     ]
     return document
 
-
-def _finite(value):
-    """JSON-safe: non-finite numbers as null (strict parsers reject Infinity)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value

@@ -199,23 +199,26 @@ def _fan_out(sinks: list[tuple[Any, Any]], console: Callable[[], TextIO], render
     return fan_out
 
 
+def json_safe(value: Any) -> Any:
+    """``value`` with non-finite numbers as None, at any depth (strict JSON has no Infinity)."""
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def _strict_json(event: Any, **kw: Any) -> str:
     """JSON that strict parsers read: a non-finite number (an unbounded release time, an
     infinite goal) is written as null, never as the non-standard ``Infinity`` or ``NaN``."""
     import json as _json
-    import math
-
-    def finite(value: Any) -> Any:
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        if isinstance(value, dict):
-            return {k: finite(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [finite(v) for v in value]
-        return value
 
     kw.pop("sort_keys", None)
-    return _json.dumps(finite(event), allow_nan=False, **kw)
+    return _json.dumps(json_safe(event), allow_nan=False, **kw)
 
 
 def _human(key: str, value: Any) -> str:
