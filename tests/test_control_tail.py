@@ -97,4 +97,3 @@ def test_never_more_new_slots_than_pending_tasks():
     d = _decide([], now=0.0, pending=pending, memory=Memory(), goal=Goal("deadline", 2 * 3600.0), types=types)
     launched = sum(a.count for a in d.actions if isinstance(a, Launch))
     assert launched == 3, d.actions
-
