@@ -236,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
         if reason:
             print(f"broker plan: {reason}", file=sys.stderr)
     else:
-        print(render_table(view))
+        print(render_table(view) if work.tasks else "nothing left to plan: every task of the bag ran while sampling")
         if reason:
             print(f"cannot meet {goal.describe() if goal else 'the goal'}: {reason}")
     return 1 if reason else 0
