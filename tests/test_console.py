@@ -109,6 +109,8 @@ def test_a_10000_task_run_on_a_terminal_keeps_bars_and_log_lines_apart(tmp_path)
     assert mixed == [], mixed
     assert any(BAR.search(line) for line in lines), "no progress bar was drawn"
     assert any(LOG.search(line) for line in lines), "no log line reached the terminal"
+    print(f"\n{len(lines)} non-blank lines on the terminal for 10,000 tasks; "
+          f"{sum(bool(BAR.search(line)) for line in lines)} hold a bar, none with a log line")
     assert len(lines) < 200, f"{len(lines)} lines:\n" + "\n".join(lines[:60])
     events = [json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert events.count("task.done") == 10000  # the record keeps every task
