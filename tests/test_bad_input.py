@@ -82,7 +82,7 @@ CASES = [
     inv("inv-price-nan", "aws:\n  types:\n    - {name: t, slots: 1, speed: 1, price: .nan, limit: 1}\n", "inv.yaml:3: aws.types[0].price", "expected a number >= 0, got nan"),
     inv("inv-limit-negative", "aws:\n  types:\n    - {name: t, slots: 1, speed: 1, price: 1, limit: -1}\n", "inv.yaml:3: aws.types[0].limit", "expected an integer >= 0, got -1"),
     inv("inv-cost-negative", "private:\n  - {name: n, local: true, slots: 1, cost_per_hour: -1}\n", "inv.yaml:2: private[0].cost_per_hour", "expected a number >= 0"),
-    inv("inv-port-range", "private:\n  - {name: n, host: h.invalid, port: 70000, slots: 1}\n", "inv.yaml:2: private[0].port", "expected an integer from 1 to 65535, got 70000"),
+    inv("inv-port-range", "private:\n  - {name: n, host: h.invalid, key: /k, port: 70000, slots: 1}\n", "inv.yaml:2: private[0].port", "expected an integer from 1 to 65535, got 70000"),
     inv("inv-boot-bad-duration", "aws:\n  types:\n    - {name: t, slots: 1, speed: 1, price: 1, limit: 1, boot: 90 secs}\n", "inv.yaml:3: aws.types[0].boot", "expected a duration like 90s"),
     inv("inv-billing-typo", f"aws:\n  billing: hourley\n  types: [{TYPE}]\n", "inv.yaml:2: aws.billing", "unknown billing model 'hourley' (did you mean 'hourly'?)"),
     inv("inv-billing-no-unit", f"aws:\n  billing: {{minimum: 60s}}\n  types: [{TYPE}]\n", "inv.yaml:2: aws.billing.unit", "missing required key 'unit'"),

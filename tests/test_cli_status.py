@@ -51,7 +51,8 @@ def test_json_prints_exactly_one_object_in_the_documented_shape(tmp_path, capsys
     out = capsys.readouterr().out
     assert out.count("\n") == 1
     payload = json.loads(out)
-    assert set(payload) == {"tasks", "instances", "committed_usd", "budget_usd"}
+    assert set(payload) == {"tasks", "instances", "committed_usd", "budget_usd", "run", "daemon", "plan", "promise",
+                            "eta", "instance_list"}
     assert payload["tasks"] == {"total": 10, "done": 4, "running": 1, "failed": 0, "left": 6}
     assert payload["instances"] == {"running": 1, "terminated": 1}
     assert payload["committed_usd"] == pytest.approx(0.17 + 0.10)

@@ -62,7 +62,7 @@ def test_defaults_fill_speed_cost_port_boot_and_billing():
         """
 private:
   - {name: here, local: true, slots: 3}
-  - {name: there, host: example.invalid, slots: 1}
+  - {name: there, host: example.invalid, key: /k/id, slots: 1}
 aws:
   types:
     - {name: a.small, slots: 1, speed: 1, price: 0.1, limit: 2}
@@ -71,7 +71,7 @@ aws:
     )
     assert inventory.private == (
         PrivateNode(name="here", slots=3, speed=1.0, cost_per_hour=0.0, local=True),
-        PrivateNode(name="there", slots=1, host="example.invalid", port=22),
+        PrivateNode(name="there", slots=1, host="example.invalid", key="/k/id", port=22),
     )
     (machine,) = inventory.types
     assert machine.boot_s == 0.0 and machine.billing == Billing.hourly()
@@ -277,3 +277,14 @@ def test_unquoted_exponent_is_a_number_but_a_quoted_one_stays_text():
     with pytest.raises(ConfigError) as exc:
         parse_inventory(text.format(price="'17e-2'"), "inv.yaml")
     assert rendered(exc) == ["inv.yaml:3: aws.types[0].price: expected a number >= 0, got the string '17e-2'"]
+
+
+def test_an_ssh_node_without_a_key_is_refused_by_name():
+    """Regression: an SSH node with no key passed validate and run, then was lost at run time
+    with a JSON-only message ("has no key to log in with")."""
+    with pytest.raises(ConfigError) as info:
+        parse_inventory("private:\n  - {name: lab, host: lab.invalid, user: alice, slots: 2}\n", "inv.yaml")
+    assert [(p.line, p.field) for p in info.value.problems] == [(2, "private[0].key")]
+    assert "an SSH node needs key:" in info.value.render()
+    # user may be left out: ssh's default, the local login name
+    assert parse_inventory("private:\n  - {name: lab, host: lab.invalid, key: /k/id, slots: 2}\n").private[0].user is None

@@ -37,7 +37,8 @@ def test_json_is_one_object_with_the_contract_keys(runtimes_csv, capsys):
     out = capsys.readouterr().out
     assert code == 0
     result = json.loads(out)  # the whole of stdout is one JSON object
-    assert set(result) == {"rule", "samples", "mean_ref_s", "true_mean_ref_s", "eps", "delta"}
+    assert set(result) == {"rule", "samples", "mean_ref_s", "true_mean_ref_s", "eps", "delta", "exact"}
+    assert result["exact"] is False
     assert result["true_mean_ref_s"] == pytest.approx(np.round(values, 3).mean())
     assert abs(result["mean_ref_s"] / result["true_mean_ref_s"] - 1) <= 0.1
     assert [e["event"] for e in logs] == ["sample.done"]
@@ -61,13 +62,18 @@ def test_human_summary_names_the_guarantee(runtimes_csv, capsys):
     assert code == 0 and "rule bats" in out and "no guarantee" in out
 
 
-def test_a_list_too_short_for_the_rule_exits_1_and_says_so(tmp_path, capsys):
+def test_a_list_used_up_by_the_rule_gives_its_exact_mean(tmp_path, capsys):
+    """Regression: a rule still wanting samples after the whole list exited 1, though the
+    list's mean was then known exactly."""
     path = tmp_path / "few.csv"
-    path.write_text("runtime_s\n" + "10\n" * 50)
+    path.write_text("runtime_s\n" + "10\n" * 25 + "30\n" * 25)
     code, _ = _run(["--runtimes", str(path), "--rule", "aa", "--eps", "0.1", "--delta", "0.05", "--json"])
-    captured = capsys.readouterr()
-    assert code == 1 and captured.out == ""
-    assert "still wanted samples after all 50 runtimes" in captured.err
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0 and document["exact"] is True and document["samples"] == 50
+    assert document["mean_ref_s"] == pytest.approx(20.0) == document["true_mean_ref_s"]
+    code, _ = _run(["--runtimes", str(path), "--rule", "aa", "--eps", "0.1", "--delta", "0.05"])
+    out = capsys.readouterr().out
+    assert code == 0 and "every one was used, so the mean is exact" in out
 
 
 def test_bad_rows_are_all_reported_with_their_lines(tmp_path):

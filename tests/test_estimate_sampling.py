@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from broker.core.estimate import BagExhausted, Need, SamplingDriver, StoppingRule, make_rule
+from broker.core.estimate import Need, SamplingDriver, StoppingRule, make_rule
 from broker.core.estimate.workloads import workload
 
 
@@ -143,9 +143,14 @@ def test_misuse_is_refused():
         driver.record(task, 1.0)
 
 
-def test_a_bag_too_small_for_the_rule_is_reported():
+def test_a_bag_too_small_for_the_rule_gives_its_exact_mean():
+    """Regression: the driver raised BagExhausted once every task ran, though their mean is then
+    the bag's exactly (runtimes above R_max count as R_max, as for every rule)."""
+    runtimes = np.linspace(10.0, 130.0, 20)
     driver = SamplingDriver(20, make_rule("aa", 0.1, 0.05, 100.0), np.random.default_rng(4), 100.0, slots=4)
-    simulate(driver, np.full(20, 50.0))
-    assert driver.exhausted and len(driver.completed) == 20
-    with pytest.raises(BagExhausted, match="all 20 tasks"):
-        driver.estimate()
+    simulate(driver, runtimes)
+    assert driver.exhausted and driver.finished and not driver.done and len(driver.completed) == 20
+    estimate = driver.estimate()
+    assert estimate.exact and estimate.samples == 20 and estimate.rule == "aa"
+    assert estimate.mean_ref_s == pytest.approx(np.minimum(runtimes, 100.0).mean())
+    assert estimate.capped == int((runtimes >= 100.0).sum())

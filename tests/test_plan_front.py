@@ -44,7 +44,7 @@ def all_plans(types, work, options, u_max):
     per_type = []
     for t in types:
         q = t.billing.unit_s
-        start = t.boot_s + options.phi_s + options.tail_task_fraction * work.mean_ref_s / t.speed
+        start = t.boot_s + options.allowance_s(t.speed, work.mean_ref_s, work.sd_ref_s)
         choices = [()]
         for size in range(1, t.limit + 1):
             choices += list(itertools.combinations_with_replacement(range(1, u_max + 1), size))

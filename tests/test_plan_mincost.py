@@ -24,7 +24,7 @@ def quantum(billing: Billing, options: PlanOptions) -> float:
 
 
 def allowance(speed: float, work: Work, options: PlanOptions) -> float:
-    return options.phi_s + options.tail_task_fraction * work.mean_ref_s / speed
+    return options.allowance_s(speed, work.mean_ref_s, work.sd_ref_s)
 
 
 def random_catalogue(rng: random.Random, n_types: int):

@@ -43,25 +43,25 @@ def test_plan_plot_is_a_png_of_the_expected_size(tmp_path, capsys):
     rc = main(["plan", "--inventory", str(REPO / "examples" / "thesis-catalogue.yaml"), "--tasks", "2000",
                "--mean-runtime", "17m", "--deadline", "2d", "--plot", str(png)])
     assert rc == 0, capsys.readouterr().err
-    assert png_size(png) == (600, 400)
+    assert png_size(png) == (770, 495)
     assert png.stat().st_size > 10_000  # axes, a line, markers and a legend, not an empty canvas
 
 
 def test_report_plot_is_a_png_with_the_front_re_solved(observed_dry_run, tmp_path, capsys):
     png = tmp_path / "report.png"
     assert main(["report", str(observed_dry_run.run_dir), "--plot", str(png)]) == 0
-    assert png_size(png) == (1000, 400)
+    assert png_size(png) == (1210, 495)
     assert png.stat().st_size > 15_000
     with Journal.open(observed_dry_run.run_dir, readonly=True) as journal:
         report = build(journal, observed_dry_run.run_dir)
-    front, note = _first_front(report, observed_dry_run.run_dir)
-    assert note is None and len(front) >= 2
+    view, note = _first_front(report, observed_dry_run.run_dir)
+    assert note is None and len(view.front) >= 2
     # Shifted to the run's start: every point ends after the first plan was made (after sampling).
     made_s = journal_plan_made_s(observed_dry_run.run_dir)
     assert made_s > 0
-    assert all(m > made_s and c >= 0 for m, c in front)
+    assert all(r.makespan_s > made_s and r.cost_usd >= 0 for r in view.rows())
     missing = dict(report, inventory_path=str(tmp_path / "gone.yaml"))
-    assert _first_front(missing, observed_dry_run.run_dir) == ([], f"front not drawn: inventory {tmp_path / 'gone.yaml'} not found")
+    assert _first_front(missing, observed_dry_run.run_dir) == (None, f"front not drawn: inventory {tmp_path / 'gone.yaml'} not found")
 
 
 @pytest.mark.parametrize("command", ["plan", "report"])
@@ -77,3 +77,36 @@ def test_without_matplotlib_the_plot_is_refused_with_the_extra_to_install(comman
     assert main(argv) == 2
     assert "--plot needs matplotlib: pip install 'hybrid-broker[plot]'" in capsys.readouterr().err
     assert not png.exists()
+
+
+def test_report_plot_puts_proposed_with_its_interval_and_delivered_on_the_first_plans_front(observed_dry_run):
+    """The promise sits on the front it came from (the steps pass through it, so it cannot seem
+    to beat the front), with its interval as error bars when the promise has one; the deadline
+    line is where the deadline is, from the run's start."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from broker.cli.report import draw_report
+
+    with Journal.open(observed_dry_run.run_dir, readonly=True) as journal:
+        report = build(journal, observed_dry_run.run_dir)
+    promise = report["promise"]
+    report["promise"] = dict(promise, makespan_s_range=[0.9 * promise["makespan_s"], 1.2 * promise["makespan_s"]],
+                             cost_usd_range=[0.8 * promise["cost_usd"], 1.1 * promise["cost_usd"]], confidence=0.9)
+    fig, (ax, bars) = plt.subplots(1, 2)
+    draw_report(ax, bars, report, observed_dry_run.run_dir)
+    per = 60.0  # the run lasts minutes
+    (errorbar,) = ax.containers[:1]
+    assert errorbar.has_xerr and errorbar.has_yerr
+    x, y = errorbar.lines[0].get_data()
+    assert list(x) == pytest.approx([promise["makespan_s"] / per]) and list(y) == pytest.approx([promise["cost_usd"]])
+    steps = ax.lines[0]
+    points = list(zip(steps.get_xdata(), steps.get_ydata()))
+    assert any(px == pytest.approx(promise["makespan_s"] / per) and py == pytest.approx(promise["cost_usd"])
+               for px, py in points), "the proposed plan is not a point of the drawn front"
+    deadline = [line for line in ax.lines if line.get_label().startswith("deadline")]
+    assert list(deadline[0].get_xdata()) == pytest.approx([5.0, 5.0])  # the fixture's 5m, from the run's start
+    assert any(line.get_label() == "delivered" for line in ax.lines)
+    plt.close(fig)

@@ -18,7 +18,6 @@ from broker.core.estimate import make_rule
 from broker.core.model import Bag, PrivateNode, Task
 from broker.shells.local_transport import local_agent_pid
 from broker.shells.sampling_runner import (
-    SamplingExhausted,
     SamplingFailed,
     SamplingInterrupted,
     attached_nodes,
@@ -194,9 +193,14 @@ def test_an_interrupt_keeps_the_finished_draws_and_stops_the_agent(run_dir, tmp_
     assert local_agent_pid(local_agent_dir(run_dir, "lab")) is None
 
 
-def test_a_bag_smaller_than_the_sample_runs_whole_and_says_so(run_dir, tmp_path):
-    bag = logged_bag([0.01] * 10, tmp_path / "ran.log", timeout_s=1.0)  # bats wants at least 30
-    with pytest.raises(SamplingExhausted) as info:
-        run(bag, run_dir, "bats", eps=0.5, delta=0.1, slots=4)
-    assert "still wants samples after all 10 tasks ran" in str(info.value)
-    assert sorted(info.value.tasks) == sorted(lines(tmp_path / "ran.log")) and len(info.value.tasks) == 10
+def test_a_bag_smaller_than_the_sample_runs_whole_and_gives_its_exact_mean(run_dir, tmp_path):
+    """Regression: a rule that used up the bag raised SamplingExhausted (exit 1 in `broker plan
+    --sample`), though every runtime of the bag was then known."""
+    bag = logged_bag([0.01] * 5 + [0.2] * 5, tmp_path / "ran.log", timeout_s=1.0)  # bats wants at least 30
+    outcome = run(bag, run_dir, "bats", eps=0.5, delta=0.1, slots=4)
+    assert sorted(outcome.tasks) == sorted(lines(tmp_path / "ran.log")) and len(outcome.tasks) == 10
+    assert all(t.used for t in outcome.tasks.values())
+    estimate = outcome.estimate
+    assert estimate.exact and estimate.samples == 10 and "exact" in estimate.guarantee
+    truth = np.mean([min(t.runtime_ref_s, 1.0) for t in outcome.tasks.values()])
+    assert estimate.mean_ref_s == pytest.approx(truth)

@@ -88,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
 def _bring_down(journal, record, server, problems: list[str]) -> tuple[list[str], list[str]]:
     """Terminate the run's instances, close what the journal left open; returns the ids
     terminated and a line per instance that could not be."""
+    import time
+
+    from broker.shells.metrics import run_now_s
+
     left = [i for i in journal.instances() if i.state != "terminated"]
     if not record.options.get("dry_run"):
         terminated, failed = _terminate_live(record, [i.id for i in left])
@@ -98,18 +102,22 @@ def _bring_down(journal, record, server, problems: list[str]) -> tuple[list[str]
         if left:
             problems.append("the dry run's moto server is gone, and its instances with it")
     known = {i.id for i in left}
+    # Journal times are run time (a dry run's clock runs --time-scale times faster than the
+    # wall): recorded at wall time, a run's end fell before its own plans ("ran 23s", "plan
+    # #1 (-1186s ago)" in status after down).
+    at = run_now_s(record, time.time())
     with journal.batch():
         for instance_id in terminated:
             if instance_id in known:  # an instance found only by its tag has no journal row
-                journal.record_instance_state(instance_id, "terminated")
+                journal.record_instance_state(instance_id, "terminated", at_s=at)
         for attempt in journal.running_attempts():  # their agents were stopped above
-            journal.attempt_cancelled(attempt.task_id, attempt.attempt)
+            journal.attempt_cancelled(attempt.task_id, attempt.attempt, at_s=at)
         for intent in journal.pending_intents():
-            journal.fail(intent.seq, "the run was brought down (broker down) before this completed")
+            journal.fail(intent.seq, "the run was brought down (broker down) before this completed", at_s=at)
         if terminated:
-            journal.record_event("run.down", {"terminated": terminated, "failed": failed})
+            journal.record_event("run.down", {"terminated": terminated, "failed": failed}, at_s=at)
         if record.state == "running":
-            journal.finish_run("stopped")
+            journal.finish_run("stopped", at_s=at)
     return terminated, failed
 
 

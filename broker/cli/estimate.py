@@ -7,10 +7,11 @@ above ``--timeout`` (default: the largest runtime) count as the timeout, and the
 is the mean of the runtimes so capped: that is what every rule estimates.
 
 Output: a human summary, or with ``--json`` exactly one JSON object on standard output:
-``{"rule", "samples", "mean_ref_s", "true_mean_ref_s", "eps", "delta"}``.
+``{"rule", "samples", "mean_ref_s", "true_mean_ref_s", "eps", "delta", "exact"}``.
+When the rule still wants samples after the whole list, every runtime has been used: the
+estimate is then the list's mean exactly (``exact``: true), and the summary says so.
 
-Exit status: 0 done; 1 the rule wanted more samples than the list holds (said on standard
-error, nothing on standard output); 2 bad input.
+Exit status: 0 done; 2 bad input.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import structlog
 from broker.cli import UsageError
 from broker.config.durations import format_duration, parse_duration
 from broker.config.errors import ConfigError, Problem
+from broker.core.estimate.contract import census
 from broker.core.estimate.rules import RULE_NAMES, expected_samples, make_rule
 
 COLUMN = "runtime_s"
@@ -98,18 +100,13 @@ def run(args: argparse.Namespace) -> int:
     order = np.random.default_rng(args.seed).permutation(runtimes.size)
     rule.feed_many(capped[order] / r_max_s)
     log = structlog.get_logger()
-    if rule.wants_more():
-        log.warning("sample.exhausted", rule=args.rule, samples=rule.samples, tasks=runtimes.size)
-        print(
-            f"broker estimate: rule {args.rule} still wanted samples after all {runtimes.size} "
-            f"runtimes of {args.runtimes}; loosen --eps/--delta, tighten --timeout, or use "
-            "a cheaper rule (ebstop)",
-            file=sys.stderr,
-        )
-        return 1
-    estimate = rule.estimate()
+    if rule.wants_more():  # every runtime of the list was used: their mean is the list's, exactly
+        estimate = census(rule, capped)
+        log.info("sample.exhausted", rule=args.rule, samples=rule.samples)
+    else:
+        estimate = rule.estimate()
     log.info("sample.done", rule=estimate.rule, samples=estimate.samples, mean_ref_s=estimate.mean_ref_s,
-             capped=estimate.capped, eps=estimate.eps, delta=estimate.delta)
+             capped=estimate.capped, eps=estimate.eps, delta=estimate.delta, exact=estimate.exact)
     if args.json:
         print(json.dumps({
             "rule": estimate.rule,
@@ -118,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
             "true_mean_ref_s": true_mean,
             "eps": estimate.eps,
             "delta": estimate.delta,
+            "exact": estimate.exact,
         }))
         return 0
     mu_z, sigma_z = true_mean / r_max_s, float(capped.std()) / r_max_s
@@ -127,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
           f"R_max {format_duration(r_max_s)} ({r_max_s:g} s), seed {args.seed}")
     print(f"  samples        {estimate.samples} of {runtimes.size} ({estimate.samples / runtimes.size:.1%}); "
           f"expected from the list's own mean and sd: {expected:.0f}; capped at R_max: {estimate.capped}")
+    if estimate.exact:
+        print(f"  note           rule {args.rule} still wanted samples after all {runtimes.size} runtimes: "
+              "every one was used, so the mean is exact")
     print(f"  estimate       {estimate.mean_ref_s:.2f} s   true mean {true_mean:.2f} s   "
           f"relative error {error:+.2%} ({'within' if abs(error) <= estimate.eps else 'OUTSIDE'} eps)")
     print(f"  guarantee      {estimate.guarantee}")

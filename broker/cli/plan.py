@@ -30,7 +30,7 @@ from typing import Sequence
 import structlog
 
 from broker.cli import UsageError
-from broker.cli.terminal import RedrawnLine
+from broker.cli.frontview import FrontView, plot_front, render_table
 from broker.config.durations import format_duration, parse_duration
 from broker.core.estimate import Estimate
 from broker.core.estimate.rules import RULE_NAMES
@@ -122,7 +122,11 @@ def _number(flag: str, text: str, lo: float, hi: float) -> float:
         value = float(text)
     except ValueError:
         raise UsageError(f"{flag}: expected a number, got {text!r}") from None
-    if not (lo <= value <= hi) or math.isnan(value):
+    if not math.isfinite(value):
+        # `--budget inf` ran and wrote "goal_value": Infinity, which strict JSON parsers reject.
+        hint = (": without a budget, give --theta 0 (fastest) or no goal (cheapest)" if flag == "--budget" else "")
+        raise UsageError(f"{flag}: must be a finite number, got {text!r}{hint}")
+    if not (lo <= value <= hi):
         raise UsageError(f"{flag}: must be between {lo:g} and {hi:g}, got {text!r}")
     return value
 
@@ -196,6 +200,8 @@ def run(args: argparse.Namespace) -> int:
             front = pareto_front(types, private, work)
             if goal is not None:
                 chosen = plan_for_goal(types, private, work, goal, front=front)
+                if goal.kind in ("point", "theta"):
+                    chosen = _as_run_chooses(types, private, work, chosen)
         except NoFeasiblePlan as exc:
             reason = str(exc)
         except ValueError as exc:  # a point that is not on the front
@@ -211,8 +217,9 @@ def run(args: argparse.Namespace) -> int:
         log.info("plan.solved", policy=args.policy, goal=goal.describe() if goal else None,
                  front_points=len(front), solve_ms=round(solve_ms, 1), reason=reason)
 
+    view = FrontView(work, types, front, chosen, goal=goal)
     if args.plot:
-        _plot(front, chosen, args.plot)
+        plot_front(view, args.plot)
     if args.json:
         document = {
             "work": {"tasks": work.tasks, "mean_ref_s": work.mean_ref_s,
@@ -223,15 +230,25 @@ def run(args: argparse.Namespace) -> int:
         }
         if sampled is not None:
             document["sample"] = {"rule": sampled.rule, "samples": sampled.samples, "mean_ref_s": sampled.mean_ref_s,
-                                  "eps": sampled.eps, "delta": sampled.delta, "capped": sampled.capped}
+                                  "eps": sampled.eps, "delta": sampled.delta, "capped": sampled.capped,
+                                  "exact": sampled.exact}
         print(json.dumps(document))
         if reason:
             print(f"broker plan: {reason}", file=sys.stderr)
     else:
-        print(render_table(work, types, front, chosen))
+        print(render_table(view) if work.tasks else "nothing left to plan: every task of the bag ran while sampling")
         if reason:
             print(f"cannot meet {goal.describe() if goal else 'the goal'}: {reason}")
     return 1 if reason else 0
+
+
+def _as_run_chooses(types, private, work: Work, chosen: Plan) -> Plan:
+    """The plan ``broker run`` adopts for a point or theta goal: the chosen point's cost,
+    finishing as soon as that money allows (``FleetPlanner.soonest_at_cost``), so that the
+    plan printed here is the one the run promises."""
+    from broker.core.control.planning import FleetPlanner, PlannerInput
+
+    return FleetPlanner().soonest_at_cost(PlannerInput(tuple(types), tuple(private), (), work, 0.0), chosen)
 
 
 # -- sampling -------------------------------------------------------------------------------
@@ -327,15 +344,18 @@ def expectation_lines(rule: str, eps: float, delta: float, r_max_s: float, n_tas
     if rule == "bats":
         count = expected_samples(rule, eps, delta, 1.0, 0.0, n_tasks)
         return f"{head}\n  samples: {count:.0f} of {n_tasks} tasks (fixed by BaTS's formula)"
+    whole = (f"\n  that is more than the bag's {n_tasks} tasks: sampling will run them all and so learn their "
+             "exact mean")
     if guess_mean_s is None or not 0 < guess_mean_s:
         half, tenth = (expected_samples(rule, eps, delta, mu, mu / 2, n_tasks) for mu in (0.5, 0.1))
         return (f"{head}\n  expected samples: ~{half:.0f} if tasks take about half the timeout, ~{tenth:.0f} if a "
-                f"tenth (of {n_tasks} tasks; give --mean-runtime for a closer figure)")
+                f"tenth (of {n_tasks} tasks; give --mean-runtime for a closer figure)"
+                + (whole if half >= n_tasks else ""))
     mean_s = min(guess_mean_s, r_max_s)
     sd_s = guess_sd_s if guess_sd_s is not None else mean_s / 2
     now = expected_samples(rule, eps, delta, mean_s / r_max_s, min(sd_s / r_max_s, 1.0), n_tasks)
     lines = [head, f"  expected samples: ~{now:.0f} of {n_tasks} tasks, if tasks take about "
-                   f"{_duration_text(mean_s)} +/- {_duration_text(sd_s)}"]
+                   f"{_duration_text(mean_s)} +/- {_duration_text(sd_s)}" + (whole if now >= n_tasks else "")]
     tighter_s = max(_TIGHTER_MEANS * mean_s, mean_s + _TIGHTER_SDS * sd_s)
     if r_max_s >= _LOOSE_FACTOR * tighter_s:
         saving = tighter_rmax_saving(rule, eps, delta, mean_s, sd_s, r_max_s, tighter_s, n_tasks)
@@ -348,27 +368,39 @@ def sampled_lines(estimate: Estimate, completed: int, done: int, remaining: int,
                   samples_path: object) -> str:
     """The estimate, and what sampling already did of the bag."""
     extra = completed - estimate.samples
-    lines = [f"sampled: mean {estimate.mean_ref_s:.3g} ref-s from {estimate.samples} samples ({estimate.rule}, "
-             f"eps {estimate.eps:g}, delta {estimate.delta:g}; {estimate.capped} hit the timeout)",
-             f"  {estimate.guarantee}"]
+    if estimate.exact:
+        head = (f"sampled: every task of the bag ran ({estimate.samples}; {estimate.capped} hit the timeout): "
+                f"the exact mean is {estimate.mean_ref_s:.3g} ref-s")
+    else:
+        head = (f"sampled: mean {estimate.mean_ref_s:.3g} ref-s from {estimate.samples} samples ({estimate.rule}, "
+                f"eps {estimate.eps:g}, delta {estimate.delta:g}; {estimate.capped} hit the timeout)")
+    lines = [head, f"  {estimate.guarantee}"]
     lines += [f"  warning: {w}" for w in estimate.warnings]
-    lines.append(f"  {done} tasks done while sampling ({extra} beyond the rule's need"
-                 + (f", {cancelled} cancelled" if cancelled else "")
-                 + f"): planning the other {remaining}; list in {samples_path}")
+    if remaining == 0:
+        lines.append(f"  {done} tasks done while sampling: nothing left to plan; list in {samples_path}")
+    else:
+        lines.append(f"  {done} tasks done while sampling ({extra} beyond the rule's need"
+                     + (f", {cancelled} cancelled" if cancelled else "")
+                     + f"): planning the other {remaining}; list in {samples_path}")
     return "\n".join(lines)
 
 
 class SamplingProgressView:
-    """Sampling progress: one line rewritten in place on a terminal, else a ``sample.progress``
-    event every ``_PROGRESS_EVERY`` completed draws. The expected total is re-derived from the
-    samples so far."""
+    """Sampling progress: a live bar on a terminal (stderr; log lines print above it), else a
+    ``sample.progress`` event every ``_PROGRESS_EVERY`` completed draws. The expected total
+    is re-derived from the samples so far."""
 
     def __init__(self, rule: str, eps: float, delta: float, r_max_s: float, n_tasks: int) -> None:
+        from broker.cli.terminal import ProgressBoard, is_terminal
+
         self.rule, self.eps, self.delta, self.r_max_s, self.n_tasks = rule, eps, delta, r_max_s, n_tasks
-        self.tty = sys.stderr.isatty()
+        self.tty = is_terminal(sys.stderr)
         self.expected: float | None = None
         self.logged_at = 0
-        self.line = RedrawnLine(sys.stderr)
+        self.board = ProgressBoard(sys.stderr) if self.tty else None
+        if self.board is not None:
+            self.board.bar("sample", "sampling", None, count="0")
+            self.board.start()
 
     def __call__(self, p) -> None:
         if p.completed >= 2 and p.mean_ref_s and (self.expected is None or p.completed % _PROGRESS_EVERY == 0):
@@ -378,13 +410,14 @@ class SamplingProgressView:
             self.expected = expected_samples(self.rule, self.eps, self.delta, mu, (p.sd_ref_s or 0.0) / self.r_max_s,
                                              self.n_tasks)
         mean = "-" if p.mean_ref_s is None else f"{p.mean_ref_s:.3g}s"
-        if self.tty:
+        if self.board is not None:
             expected = None if self.expected is None else min(self.expected, self.n_tasks)
-            total = f"/~{expected:.0f}" if expected is not None and expected > p.completed else ""
-            line = f"sampling: {p.completed}{total} done, {p.running} running, mean so far {mean}"
-            if p.failures:
-                line += f", {p.failures} failed"
-            self.line.draw(line)
+            total = expected if expected is not None and expected > p.completed else None
+            if p.finished:
+                total = p.completed
+            info = f"{p.running} running, mean so far {mean}" + (f", {p.failures} failed" if p.failures else "")
+            self.board.update("sample", completed=p.completed, total=total,
+                              count=f"{p.completed}" + (f"/~{total:.0f}" if total and not p.finished else ""), info=info)
             if p.finished:
                 self.close()
         elif p.completed - self.logged_at >= _PROGRESS_EVERY:
@@ -393,7 +426,8 @@ class SamplingProgressView:
                                         mean_ref_s=p.mean_ref_s, expected_samples=self.expected, failures=p.failures)
 
     def close(self) -> None:
-        self.line.close()
+        if self.board is not None:
+            self.board.stop()
 
 
 def _duration_text(seconds: float) -> str:
@@ -433,52 +467,3 @@ def _task_cwd(bag: Bag) -> str | None:
 
 def _write_json(path: Path, document: dict) -> None:
     path.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
-
-
-def render_table(work: Work, types: Sequence, front: Sequence[Plan], chosen: Plan | None) -> str:
-    """The front as rows: index, makespan, cost, machines per type (with billing), status."""
-    lines = [
-        f"work: {work.tasks} tasks x {_duration_text(work.mean_ref_s)} mean on a speed-1 slot = "
-        f"{work.tasks * work.mean_ref_s:.0f} ref-s; planned for {work.total_ref_s:.0f} ref-s"
-    ]
-    rows = [(str(k), p) for k, p in enumerate(front, 1)]
-    if chosen is not None and not any(p is chosen for _, p in rows):
-        rows.append(("-", chosen))
-        rows.sort(key=lambda r: (r[1].makespan_s, r[1].cost_usd))
-    names = [t.name for t in types]
-    header = ["", "#", "makespan", "cost"] + [f"{t.name} ({t.billing.describe()})" for t in types]
-    header += ["private", "status"]
-    table = [header]
-    for label, p in rows:
-        shares = list(p.private_share.values())
-        private = f"{100 * statistics.fmean(shares):.0f}%" if shares else "-"
-        table.append(["*" if p is chosen else "", label, format_duration(p.makespan_s), f"${p.cost_usd:.2f}"]
-                     + [str(p.fleet.get(n, 0)) for n in names] + [private, p.status])
-    widths = [max(len(row[c]) for row in table) for c in range(len(header))]
-    for row in table:
-        lines.append("  ".join(cell.ljust(w) if c < 2 else cell.rjust(w) for c, (cell, w) in
-                               enumerate(zip(row, widths))).rstrip())
-    if not front:
-        lines.append("(no plan)")
-    return "\n".join(lines)
-
-
-def _plot(front: Sequence[Plan], chosen: Plan | None, path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'hybrid-broker[plot]'") from None
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([p.makespan_s / 3600 for p in front], [p.cost_usd for p in front], "o-", label="Pareto front")
-    if chosen is not None:
-        ax.plot([chosen.makespan_s / 3600], [chosen.cost_usd], "r*", markersize=16, label="chosen")
-    ax.set_xlabel("makespan (hours)")
-    ax.set_ylabel("cost (USD)")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.cli import UsageError
+from broker.cli.terminal import goal_text, promise_figures, promise_text
 from broker.config.durations import format_duration
 from broker.shells.journal import JOURNAL_FILE, Journal, JournalError
 from broker.shells.metrics import anchor_s, figures, run_now_s
@@ -102,10 +103,16 @@ def build(journal: Journal, run_dir: Path, now_s: float | None = None) -> dict[s
         if q is not None:
             row["quarantined"] = q.get("reason", "")
             row["stderr_tail"] = q.get("stderr_tail", "")
-    stops = journal.events("run.stop")
     budget_stops = journal.events("budget.stop")
-    stop_reason = stops[0][2].get("reason") if stops else ("budget_stop" if budget_stops else None)
     tasks = status["tasks"]
+    stop_reason = _stop_reason(journal, record.state, bool(budget_stops))
+    if tasks["left"] > 0:
+        # What a partial run delivered is no makespan or cost of the bag: a deviation from the
+        # plan (which covers the whole bag) would read as a result (-34.7% for a stopped run).
+        deviation = {"makespan": None, "cost": None}
+    else:
+        deviation = {"makespan": deviation_pct(delivered["makespan_s"], planned["makespan_s"]),
+                     "cost": deviation_pct(delivered["cost_usd"], planned["cost_usd"])}
     return {
         "run_id": record.id,
         "state": record.state,
@@ -115,11 +122,9 @@ def build(journal: Journal, run_dir: Path, now_s: float | None = None) -> dict[s
         "samples": fig.samples,
         "instances_launched": len(fig.overview.fleet),
         "planned": planned,
+        "promise": promise_figures(first) if first else None,
         "delivered": delivered,
-        "deviation_pct": {
-            "makespan": deviation_pct(delivered["makespan_s"], planned["makespan_s"]),
-            "cost": deviation_pct(delivered["cost_usd"], planned["cost_usd"]),
-        },
+        "deviation_pct": deviation,
         "cost_by_type_usd": {k: round(v, 6) for k, v in sorted(by_type.items())},
         "private_cost_usd": round(max(private_usd, 0.0), 6),
         "utilization_by_type": utilization(run_dir, journal, end),
@@ -127,8 +132,22 @@ def build(journal: Journal, run_dir: Path, now_s: float | None = None) -> dict[s
         "time_scale": float(record.options.get("time_scale", 1.0)),
         "budget_stopped": bool(budget_stops),
         "first_plan": first,
+        "first_plan_at_s": round(first_plans[0][0] - start, 3) if first_plans else None,
         "inventory_path": record.inventory_path,
     }
+
+
+def _stop_reason(journal: Journal, state: str, budget_stopped: bool) -> str | None:
+    """Why the run ended short of its bag: the last stop since the last resume (a run left with
+    --on-stop leave and resumed to the end was 'finished (user_stop)'); none when it finished."""
+    if state == "finished":
+        return None
+    resumed = [at for at, _, _ in journal.events("run.resume")]
+    since = resumed[-1] if resumed else -float("inf")
+    stops = [f.get("reason") for at, _, f in journal.events("run.stop") if at >= since]
+    if stops:
+        return stops[-1]
+    return "budget_stop" if budget_stopped else None
 
 
 def _db(run_dir: Path) -> sqlite3.Connection:
@@ -196,8 +215,10 @@ def render(report: dict[str, Any]) -> str:
                 f"{f'{dev:+.1f}%' if dev is not None else '-':>10}")
 
     tasks = report["tasks"]
+    goal = report.get("goal") or {}
     lines = [
-        f"run {report['run_id']}: {report['state']}" + (f" ({report['stop_reason']})" if report["stop_reason"] else ""),
+        f"run {report['run_id']}: {report['state']}" + (f" ({report['stop_reason']})" if report["stop_reason"] else "")
+        + (f", goal {goal_text(goal.get('kind'), goal.get('value'))}" if goal else ""),
         f"  {'':<10} {'proposed':>12} {'delivered':>12} {'deviation':>10}",
         row("makespan", "makespan_s", format_duration),
         row("cost", "cost_usd", lambda v: f"${v:.2f}"),
@@ -206,6 +227,12 @@ def render(report: dict[str, Any]) -> str:
         f"  instances launched: {report['instances_launched']}"
         + ("; budget stop" if report["budget_stopped"] else ""),
     ]
+    if tasks["left"] > 0:
+        lines.insert(4, f"  (no deviation: {tasks['left']} task{'s' if tasks['left'] != 1 else ''} left, so what "
+                        "was delivered is not the bag's makespan or cost)")
+    promise = report.get("promise") or {}
+    if "makespan_s_range" in promise or "cost_usd_range" in promise:
+        lines.insert(2, f"  promised  {promise_text(promise)}")
     for name, usd in report["cost_by_type_usd"].items():
         util = report["utilization_by_type"].get(name)
         lines.append(f"  cost {name}: ${usd:.4f}" + (f", utilization {100 * util:.0f}%" if util is not None else ""))
@@ -228,30 +255,46 @@ def render(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], run_dir: Path, path: str) -> None:
-    """The first plan's front with the proposed and delivered points, and utilization per type."""
-    try:
-        import matplotlib
+    """The front the first plan was chosen on, with the proposed point (the promise, its
+    interval as error bars when it has one) and the delivered one, on the same axes; and the
+    utilization per type."""
+    from broker.cli.frontview import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'hybrid-broker[plot]'") from None
-    front, note = _first_front(report, run_dir)
-    fig, (ax, bars) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [3, 2]})
-    planned, delivered = report["planned"], report["delivered"]
-    spans = [m for m, _ in front] + [v for v in (planned["makespan_s"], delivered["makespan_s"]) if v is not None]
-    unit, per = ("hours", 3600.0) if max(spans, default=0.0) >= 7200 else ("minutes", 60.0)
-    if front:
-        ax.plot([m / per for m, _ in front], [c for _, c in front], "o-", color="tab:blue", label="Pareto front (first plan)")
-    if planned["makespan_s"] is not None and planned["cost_usd"] is not None:
-        ax.plot([planned["makespan_s"] / per], [planned["cost_usd"]], "r*", markersize=16, label="proposed")
-    if delivered["makespan_s"] is not None:
-        ax.plot([delivered["makespan_s"] / per], [delivered["cost_usd"]], "gD", markersize=10, label="delivered")
-    ax.set_xlabel(f"makespan ({unit}, run time)")
+    plt = pyplot()
+    fig, (ax, bars) = plt.subplots(1, 2, figsize=(11, 4.5), gridspec_kw={"width_ratios": [3, 2]})
+    draw_report(ax, bars, report, run_dir)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def draw_report(ax, bars, report: dict[str, Any], run_dir: Path) -> None:
+    """What :func:`plot` draws, on two matplotlib axes."""
+    from broker.cli.frontview import draw_front, time_unit
+
+    view, note = _first_front(report, run_dir)
+    promise, delivered = report.get("promise") or report["planned"], report["delivered"]
+    spans = [r.makespan_s for r in view.rows()] if view is not None else []
+    spans += [v for v in (promise.get("makespan_s"), delivered["makespan_s"]) if v is not None]
+    unit, per = time_unit(max(spans, default=0.0))
+    if view is not None:
+        draw_front(ax, view, per=per, mark_chosen=False, label="front of the first plan (steps: least cost by then)")
+    if promise.get("makespan_s") is not None and promise.get("cost_usd") is not None:
+        x, y = promise["makespan_s"] / per, promise["cost_usd"]
+        xerr = _error_bar(promise.get("makespan_s_range"), promise["makespan_s"], per)
+        yerr = _error_bar(promise.get("cost_usd_range"), promise["cost_usd"], 1.0)
+        ax.errorbar([x], [y], xerr=xerr, yerr=yerr, fmt="*", color="tab:red", markersize=15, capsize=4,
+                    label="proposed (the promise" + (", its interval)" if xerr is not None or yerr is not None
+                                                     else ")"))
+    if delivered["makespan_s"] is not None and delivered["cost_usd"] is not None:
+        left = report["tasks"]["left"]
+        ax.plot([delivered["makespan_s"] / per], [delivered["cost_usd"]], "D", color="tab:green", markersize=9,
+                label="delivered" + (f" ({left} tasks left)" if left else ""))
+    ax.set_xlabel(f"makespan from the run's start ({unit}, run time)")
     ax.set_ylabel("cost (USD)")
     ax.set_title(f"run {report['run_id']}" + (f"\n{note}" if note else ""), fontsize=9)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     util = report["utilization_by_type"]
     names = list(util)
     bars.bar(range(len(names)), [100 * util[n] for n in names], color="tab:orange")
@@ -259,40 +302,50 @@ def plot(report: dict[str, Any], run_dir: Path, path: str) -> None:
     bars.set_ylim(0, 100)
     bars.set_ylabel("utilization (% of slot-time up)")
     bars.set_title("per type", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
-def _first_front(report: dict[str, Any], run_dir: Path) -> tuple[list[tuple[float, float]], str | None]:
-    """The front the first plan chose from, shifted to the run's start; ([], why) when it cannot be re-solved."""
+def _error_bar(interval, point: float, per: float):
+    if not interval:
+        return None
+    low, high = interval
+    return [[max(0.0, (point - low) / per)], [max(0.0, (high - point) / per)]]
+
+
+def _first_front(report: dict[str, Any], run_dir: Path):
+    """The front the first plan was chosen on, its figures from the run's start; (None, why)
+    when it cannot be re-solved. A point, theta or no goal chose a point of the front on the
+    work's point value; a deadline or budget was solved on its upper value."""
     first = report["first_plan"]
     if "work_upper_ref_s" not in first or "work_tasks" not in first:
-        return [], "front not drawn: the run's plan events lack its work"
+        return None, "front not drawn: the run's plan events lack its work"
     inventory_path = report["inventory_path"]
-    db = _db(run_dir)
-    try:
-        row = db.execute("SELECT chosen FROM plans ORDER BY seq LIMIT 1").fetchone()
-    finally:
-        db.close()
-    if row is None:
-        return [], "front not drawn: no plan recorded"
-    chosen_row = json.loads(row[0])
     if not inventory_path or not Path(inventory_path).is_file():
-        return [], f"front not drawn: inventory {inventory_path} not found"
+        return None, f"front not drawn: inventory {inventory_path} not found"
+    from broker.cli.frontview import FrontView
     from broker.config.inventory import load_inventory
-    from broker.core.plan import NoFeasiblePlan, Work, pareto_front
+    from broker.core.plan import Goal, NoFeasiblePlan, Work, pareto_front
 
     inventory = load_inventory(inventory_path)
-    work = Work(total_ref_s=max(first["work_upper_ref_s"], 1e-6), tasks=max(first["work_tasks"], 1),
-                mean_ref_s=first["mean_ref_s"], sd_ref_s=first.get("sd_ref_s"))
+    goal = report.get("goal") or {}
+    promise_goal = goal.get("kind") in ("point", "theta", "none", None)
+    total = first["work_ref_s"] if promise_goal and "work_ref_s" in first else first["work_upper_ref_s"]
+    work = Work(total_ref_s=max(total, 1e-6), tasks=max(first["work_tasks"], 1),
+                mean_ref_s=first["mean_ref_s"], sd_ref_s=first.get("sd_ref_s") or 0.0)
     try:
         front = pareto_front(inventory.types, inventory.private, work)
     except NoFeasiblePlan:
-        return [], "front not drawn: no feasible plan when re-solved"
-    dm = first["makespan_s"] - chosen_row["makespan_s"]  # time elapsed before the plan
-    dc = first["cost_usd"] - chosen_row["cost_usd"]  # spend committed before the plan
-    return [(p.makespan_s + dm, p.cost_usd + dc) for p in front], None
+        return None, "front not drawn: no feasible plan when re-solved"
+    line = Goal(goal["kind"], float(goal["value"])) if goal.get("kind") in ("deadline", "budget") else None
+    offset = report.get("first_plan_at_s") or 0.0
+    promise = report.get("promise") or {}
+    chosen = None
+    if promise.get("makespan_s") is not None and promise.get("cost_usd") is not None:
+        # The first plan, as a plan of this front (its figures are from the run's start).
+        from broker.core.plan import Plan
+
+        chosen = Plan(makespan_s=max(0.0, promise["makespan_s"] - offset), cost_usd=promise["cost_usd"],
+                      fleet=dict(first.get("fleet") or {}))
+    return FrontView(work, inventory.types, front, chosen, offset_s=offset, goal=line), None
 
 
 def print_report(run_dir: Path) -> None:

@@ -34,14 +34,14 @@ import queue
 import secrets
 import signal
 import sys
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
 from broker.cli import UsageError
-from broker.cli.terminal import RedrawnLine
 from broker.cli.plan import add_goal_arguments, goal_from_args
-from broker.config.durations import format_duration, parse_duration
+from broker.cli.runview import RunConsole
+from broker.config.durations import parse_duration
 
 DRY_RUN_TIME_SCALE = 60.0
 # Set (to anything) to keep a dry run's moto server after the run, to inspect it; `broker
@@ -137,9 +137,52 @@ def run(args: argparse.Namespace) -> int:
                          "the private key file of the key pair aws.key_name (or use --dry-run)")
 
     run_dir = Path(args.run_dir) if args.run_dir else None
+    _check_before_creating(args, run_dir)
+    run_id = new_run_id()
+    if run_dir is None or not run_dir.is_dir():
+        run_dir = run_dir or RUNS_DIR / run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+    with _attached(run_dir):
+        return _run_in(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_s)
+
+
+def _check_before_creating(args, run_dir: Path | None) -> None:
+    """Traps that must stop the run before it creates anything (nothing is left behind)."""
+    if run_dir is not None and run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"--run-dir: {run_dir} is a file, not a directory: name a directory (it is created "
+                         "if missing)")
+    if args.metrics_port:  # 0 takes any free port
+        import socket
+
+        from broker.shells.metrics import METRICS_HOST
+
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((METRICS_HOST, args.metrics_port))
+            except OSError as exc:
+                raise UsageError(f"--metrics-port {args.metrics_port}: cannot listen on {METRICS_HOST}:"
+                                 f"{args.metrics_port} ({exc.strerror or exc}): give another port, or 0 for any "
+                                 "free one") from None
+
+
+@contextmanager
+def _attached(run_dir: Path):
+    """Hold the run directory's daemon lock (``broker status`` tells whether a daemon is attached;
+    a second ``broker run`` on the directory is refused)."""
+    from broker.shells.runlock import RunDirInUse, hold
+
+    try:
+        with hold(run_dir):
+            yield
+    except RunDirInUse as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _run_in(args, inventory, bag, goal, run_id: str, run_dir: Path, scale, tick_s, margin_s) -> int:
+    """Resume the unfinished run in ``run_dir``, or start a new one there."""
     from broker.shells.journal import JOURNAL_FILE, Journal
 
-    if run_dir is not None and (run_dir / JOURNAL_FILE).is_file():
+    if (run_dir / JOURNAL_FILE).is_file():
         from broker.shells.journal import JournalError
 
         try:
@@ -157,9 +200,6 @@ def run(args: argparse.Namespace) -> int:
                                  "start a new run directory to run again")
             scale, tick_s, margin_s = _check_resume(args, record, goal, scale, inventory, instance_types, run_dir)
             return _execute(args, inventory, bag, goal, record.id, run_dir, scale, tick_s, margin_s, resume=record)
-    run_id = new_run_id()
-    run_dir = run_dir or RUNS_DIR / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
     return _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_s)
 
 
@@ -337,8 +377,8 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
             node = next(p for p in inventory.private if p.name == name)
             (local.stop(name, client) if node.local else remote.stop(name, client))
 
-        printer = _Printer(inventory, len(bag.tasks), args.yes, json_report=args.json_report)
-        printer.budget_usd = goal.value if goal.kind == "budget" else None
+        printer = RunConsole(inventory, goal, len(bag.tasks), args.yes, json_report=args.json_report,
+                             journal=journal, clock=clock, resumed=resume is not None)
         daemon = Daemon(
             inventory, bag, goal,
             DaemonOptions(run_dir=run_dir, run_id=run_id, dry_run=args.dry_run, tick_s=tick_s,
@@ -355,7 +395,11 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
             print(f"{'resuming ' if resume is not None else ''}run {run_id} in {run_dir} "
                   f"({'dry run, ' if args.dry_run else ''}time scale {scale:g}, {len(bag.tasks)} tasks)",
                   file=printer.out, flush=True)
-            report = daemon.run()
+            printer.start()
+            try:
+                report = daemon.run()
+            finally:
+                printer.close()
             state["left"] = report.state == "left"
         finally:
             for sig, handler in previous.items():
@@ -437,64 +481,3 @@ def _instance_agents(run_id, run_dir, inbox, aws, fleet):
         return None
     return InstanceAgents(run_id, run_dir, inbox, aws, address_of=lambda i: fleet.address_of(i, aws.address),
                           console_of=fleet.console_output)
-
-
-class _Printer:
-    """What the user sees on stdout: the plan table, the launch question, progress lines."""
-
-    def __init__(self, inventory, total: int, yes: bool, json_report: bool) -> None:
-        self.inventory = inventory
-        self.yes = yes
-        self.every = max(1, total // 10)
-        self.out = sys.stderr if json_report else sys.stdout
-        self.plan_shown = False
-        self.line = RedrawnLine(self.out)
-        self.budget_usd = None
-
-    def show_plan(self, request) -> None:
-        from broker.cli.plan import render_table
-        from broker.core.plan import NoFeasiblePlan, Work, pareto_front
-
-        rem = request.remaining
-        if rem is None:
-            return
-        work = Work(total_ref_s=max(rem.upper_ref_s, 1e-6), tasks=max(rem.pending + rem.running, 1),
-                    mean_ref_s=rem.mean_ref_s, sd_ref_s=rem.sd_ref_s)
-        try:
-            front = pareto_front(self.inventory.types, self.inventory.private, work)
-        except NoFeasiblePlan:
-            front = []
-        plan = request.memory.last_plan
-        print(render_table(work, self.inventory.types, front, plan), file=self.out)
-        if request.memory.planned_makespan_s is not None:
-            print(f"plan: makespan {format_duration(request.memory.planned_makespan_s)} (run time), "
-                  f"cost ${request.memory.planned_cost_usd:.2f}", file=self.out, flush=True)
-        self.plan_shown = True
-
-    def confirm(self, request) -> bool:
-        count = sum(c for _, c in request.launches)
-        fleet = ", ".join(f"{c} x {t}" for t, c in request.launches)
-        question = f"Launch {count} instance{'s' if count != 1 else ''} ({fleet}, ~${request.estimated_usd:.2f})? [y/N] "
-        if self.yes:
-            print(question + "yes (--yes)", file=self.out, flush=True)
-            return True
-        try:
-            answer = input(question)
-        except EOFError:
-            answer = ""
-        return answer.strip().lower() in ("y", "yes")
-
-    def progress(self, done: int, failed: int, total: int, committed_usd: float) -> None:
-        """A bar redrawn in place on a terminal; a plain line every tenth of the bag otherwise.
-        Tasks finished before the first plan are the sampling phase."""
-        from broker.cli.status import progress_text
-
-        phase = "running" if self.plan_shown else "sampling"
-        last = done + failed == total
-        if self.out.isatty():
-            self.line.draw(progress_text(phase, done, failed, total, committed_usd, self.budget_usd))
-            if last:
-                self.line.close()
-        elif done % self.every == 0 or last:
-            print(f"progress: {done}/{total} done, {failed} failed, ${committed_usd:.2f} committed"
-                  + (" (sampling)" if phase == "sampling" else ""), file=self.out, flush=True)

@@ -86,16 +86,16 @@ def run(args) -> int:
 
 
 class ProgressView:
-    """Simulation progress on stderr: one line redrawn in place (at most five times a second)
-    on a terminal, else a ``sim.progress`` event each time another tenth of the bag is done.
-    stdout is left to the result (``--json`` prints exactly one object there)."""
+    """Simulation progress on stderr: a live bar on a terminal (redrawn at most five times a
+    second; log lines print above it), else a ``sim.progress`` event each time another tenth of
+    the bag is done. stdout is left to the result (``--json`` prints exactly one object there)."""
 
     def __init__(self, stream=None, clock=time.monotonic) -> None:
-        from broker.cli.terminal import RedrawnLine
+        from broker.cli.terminal import ProgressBoard, is_terminal
 
         stream = sys.stderr if stream is None else stream
-        self.tty = stream.isatty()
-        self.line = RedrawnLine(stream)
+        self.tty = is_terminal(stream)
+        self.board = ProgressBoard(stream) if self.tty else None
         self.clock = clock
         self.drawn_at = -float("inf")
         self.logged_tenths = 0
@@ -103,13 +103,16 @@ class ProgressView:
     def __call__(self, p) -> None:
         from broker.config.durations import format_duration
 
-        if self.tty:
+        if self.board is not None:
             now = self.clock()
-            if now - self.drawn_at < 0.2:
+            if now - self.drawn_at < 0.2 and p.done < p.total:
                 return
             self.drawn_at = now
-            self.line.draw(f"simulating: {p.done:,}/{p.total:,} tasks done, {format_duration(p.virtual_s)} of "
-                           f"virtual time, ${p.committed_usd:,.2f} committed")
+            if not self.board.tasks:
+                self.board.bar("sim", "simulating", p.total)
+                self.board.start()
+            self.board.update("sim", completed=p.done, total=p.total, count=f"{p.done:,}/{p.total:,}",
+                              info=f"{format_duration(p.virtual_s)} of virtual time, ${p.committed_usd:,.2f} committed")
             return
         tenths = (10 * p.done) // max(p.total, 1)
         if tenths > self.logged_tenths and p.done < p.total:
@@ -120,4 +123,5 @@ class ProgressView:
                                         committed_usd=round(p.committed_usd, 4))
 
     def close(self) -> None:
-        self.line.close()
+        if self.board is not None:
+            self.board.stop()

@@ -13,11 +13,20 @@ so this is safe while the daemon writes.
   each instance's type, state, running tasks, paid-until and scheduled release time, the
   next release first. Times are run time (a dry run's clock runs ``--time-scale`` times
   faster than the wall; the ETA then also says how much wall time that is);
-- ``--json``: exactly one JSON object, ``Journal.status()``:
+- whether a daemon is attached (``RUN_DIR/daemon.lock``, :mod:`broker.shells.runlock`): a
+  ``running`` run with none (left with ``--on-stop leave``, or killed) says so, with the command
+  that resumes it and the one that releases it;
+- ``--json``: exactly one JSON object (:func:`status_document`): ``Journal.status()``'s
   ``{"tasks": {"total", "done", "running", "failed", "left"}, "instances": {"running",
-  "terminated"}, "committed_usd", "budget_usd"}``;
+  "terminated"}, "committed_usd", "budget_usd"}`` plus ``run`` (id, dir, state, phase, goal,
+  time scale, elapsed_s), ``daemon`` (attached, pid), ``plan`` (the last: seq, made_at_s,
+  makespan_s, cost_usd, fleet, reason), ``promise`` (the first plan, the one confirmed:
+  makespan_s and cost_usd, and their ranges and confidence when the promise has them), ``eta``
+  (low_s, expected_s, high_s left, confidence) and ``instance_list`` (each instance's id, type,
+  state, tasks, billing, launched_at_s, paid_until_s, release_at_s). Times in JSON are run
+  seconds (from the run's start, or left for the ETA); everywhere else they are human;
 - ``--watch``: redraw every ``--interval`` (default 5s) until the run is no longer running,
-  or Ctrl-C.
+  or Ctrl-C; it waits for a journal that does not exist yet (a run about to start).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 import time
 from collections import Counter
@@ -35,8 +45,11 @@ from typing import Mapping
 
 from broker.cli import UsageError
 from broker.config.durations import format_duration, parse_duration
-from broker.shells.journal import JOURNAL_FILE, Journal, JournalError, Overview
-from broker.shells.metrics import CONFIDENCE_Z, Figures, figures, interval_level, run_now_s
+from broker.cli.terminal import goal_text
+from broker.shells.journal import JOURNAL_FILE, Journal, JournalError, Overview, RunRecord
+from broker.shells.metrics import CONFIDENCE_Z, Figures, anchor_s, figures, interval_level, run_now_s
+from broker.shells.logging import json_safe
+from broker.shells.runlock import holder
 
 RUNS_DIR = Path("runs")
 DEFAULT_INTERVAL_S = 5.0
@@ -81,13 +94,16 @@ def run(args: argparse.Namespace) -> int:
         if interval_s <= 0:
             raise UsageError("--interval must be more than 0 seconds")
     run_dir = Path(args.run_dir) if args.run_dir is not None else latest_run_dir(RUNS_DIR)
+    if args.watch and not (run_dir / JOURNAL_FILE).exists():
+        if not _wait_for_journal(run_dir, interval_s):
+            return 0
     try:
         journal = Journal.open(run_dir, readonly=True)
     except JournalError as exc:
         raise UsageError(str(exc)) from exc
     with journal:
         if args.json:
-            print(json.dumps(journal.status(run_now_s(journal.run(), time.time()))))
+            print(json.dumps(json_safe(status_document(journal, run_dir, time.time())), allow_nan=False))
             return 0
         if not args.watch:
             print(render(snapshot(journal, time.time()), run_dir))
@@ -95,14 +111,30 @@ def run(args: argparse.Namespace) -> int:
         return _watch(journal, run_dir, interval_s)
 
 
+def _wait_for_journal(run_dir: Path, interval_s: float) -> bool:
+    """``--watch`` started before the run: wait for its journal (False on Ctrl-C)."""
+    print(f"waiting for a run to write {run_dir / JOURNAL_FILE} (Ctrl-C to stop) ...", flush=True)
+    try:
+        while not (run_dir / JOURNAL_FILE).exists():
+            time.sleep(min(interval_s, 1.0))
+    except KeyboardInterrupt:
+        return False
+    time.sleep(0.2)  # let the run create its tables
+    return True
+
+
 def _watch(journal: Journal, run_dir: Path, interval_s: float) -> int:
     clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
     try:
         while True:
-            view = snapshot(journal, time.time())
+            try:
+                view = snapshot(journal, time.time())
+            except JournalError:  # the run is still creating its journal
+                time.sleep(min(interval_s, 1.0))
+                continue
             print(clear + render(view, run_dir), flush=True)
             run = view.overview.run
-            if run is None or run.state != "running":
+            if run is not None and run.state != "running":
                 return 0
             time.sleep(interval_s)
     except KeyboardInterrupt:
@@ -136,6 +168,7 @@ class View:
     window_s: float  # run time over which done_in_window is counted
     done_in_window: int
     running_by_node: Mapping[str, int]
+    daemon: Mapping[str, object] | None = None  # who runs it (runlock.holder), None: no daemon
 
     @property
     def overview(self) -> Overview:
@@ -151,7 +184,7 @@ def snapshot(journal: Journal, wall_now_s: float) -> View:
     done = journal.done_since(now - window) if window > 0 else 0
     running = Counter(a.node for a in journal.running_attempts())
     scale = float(run.options.get("time_scale", 1.0) or 1.0) if run is not None else 1.0
-    return View(fig, wall_now_s, scale, window, done, dict(running))
+    return View(fig, wall_now_s, scale, window, done, dict(running), holder(Path(journal.path).parent))
 
 
 def render(view: View, run_dir: Path) -> str:
@@ -164,13 +197,14 @@ def render(view: View, run_dir: Path) -> str:
     if run is None:
         lines.append(f"run in {run_dir}: no run recorded yet")
     else:
-        goal = run.goal_kind if run.goal_value is None else f"{run.goal_kind} {run.goal_value:g}"
         age = (f"started {format_duration(now - run.created_at_s)} ago" if run.ended_at_s is None
-               else f"ran {format_duration(run.ended_at_s - run.created_at_s)}")
+               else f"ran {format_duration(max(0.0, run.ended_at_s - run.created_at_s))}")
         lines.append(
-            f"run {run.id} ({run_dir}): {run.state}, goal {goal}, {age}"
-            + (f" (run time: {view.time_scale:g}x the wall clock)" if view.time_scale != 1 else "")
+            f"run {run.id} ({run_dir}): {state_text(run, overview)}, goal {goal_text(run.goal_kind, run.goal_value)}, "
+            f"{age}" + (f" (run time: {view.time_scale:g}x the wall clock)" if view.time_scale != 1 else "")
         )
+        if run.state == "running":
+            lines.append(_daemon_line(run, run_dir, view.daemon))
     lines.append(
         f"tasks  {_bar(tasks['done'], tasks['total'])} {tasks['done']}/{tasks['total']} done"
         f"  running {tasks['running']}  failed {tasks['failed']}  left {tasks['left']}"
@@ -192,12 +226,38 @@ def render(view: View, run_dir: Path) -> str:
     return "\n".join(lines)
 
 
-def progress_text(phase: str, done: int, failed: int, total: int, committed_usd: float,
-                  budget_usd: float | None = None) -> str:
-    """One progress line with a bar (``broker run`` on a terminal)."""
-    spend = f"${committed_usd:.2f}" + (f" of ${budget_usd:.2f}" if budget_usd is not None else "")
-    return (f"{phase:<8} {_bar(done, total)} {done}/{total} done"
-            + (f", {failed} failed" if failed else "") + f", {spend} committed")
+def phase_of(run: RunRecord | None, overview: Overview) -> str:
+    """``sampling`` before the first plan, ``executing`` after it, ``ended`` once it ended."""
+    if run is None or run.state != "running":
+        return "ended"
+    return "executing" if overview.last_plan is not None else "sampling"
+
+
+def state_text(run: RunRecord, overview: Overview) -> str:
+    phase = phase_of(run, overview)
+    return f"{run.state} ({phase})" if run.state == "running" else run.state
+
+
+def resume_command(run: RunRecord, run_dir: Path) -> str:
+    """The ``broker run`` that resumes ``run`` (its inputs, goal and directory)."""
+    parts = ["broker run"] + (["--dry-run"] if run.options.get("dry_run") else [])
+    parts += ["--inventory", shlex.quote(run.inventory_path or "INVENTORY"), shlex.quote(run.bag_path or "BAG")]
+    if run.goal_kind == "deadline" and run.goal_value is not None:
+        parts += ["--deadline", f"{run.goal_value:g}s"]
+    elif run.goal_kind == "budget" and run.goal_value is not None:
+        parts += ["--budget", f"{run.goal_value:g}"]
+    elif run.goal_kind in ("point", "theta") and run.goal_value is not None:
+        parts += [f"--{run.goal_kind}", f"{run.goal_value:g}"]
+    return " ".join(parts + ["--run-dir", shlex.quote(str(run_dir))])
+
+
+def _daemon_line(run: RunRecord, run_dir: Path, daemon: Mapping[str, object] | None) -> str:
+    if daemon is not None:
+        pid = daemon.get("pid")
+        return f"daemon attached (pid {pid})" if pid else "daemon attached"
+    return (f"daemon NONE attached: nothing dispatches or releases (left with --on-stop leave, or killed); "
+            f"its instances keep billing. Resume: `{resume_command(run, run_dir)}`; release them: "
+            f"`broker down {shlex.quote(str(run_dir))}`")
 
 
 def _bar(done: int, total: int) -> str:
@@ -209,7 +269,12 @@ def _plan_line(overview: Overview) -> str:
     plan = overview.last_plan
     if plan is None:
         return "plan   none yet"
-    parts = [f"plan   #{plan.seq} ({format_duration(overview.now_s - plan.created_at_s)} ago, {plan.reason})"]
+    run = overview.run
+    if run is not None and run.state == "running":
+        when = _relative(plan.created_at_s, overview.now_s)
+    else:  # an ended run's "now" is its end: say when in the run the plan was made
+        when = f"made {format_duration(max(0.0, plan.created_at_s - anchor_s(run)))} into the run"
+    parts = [f"plan   #{plan.seq} ({when}, {plan.reason})"]
     if plan.makespan_s is not None:
         parts.append(f"makespan {format_duration(plan.makespan_s)}")
     if plan.cost_usd is not None:
@@ -288,3 +353,39 @@ def _relative(at_s: float, now_s: float) -> str:
     if at_s >= now_s:
         return f"in {format_duration(at_s - now_s)}"
     return f"{format_duration(now_s - at_s)} ago"
+
+
+def status_document(journal: Journal, run_dir: Path, wall_now_s: float) -> dict:
+    """``status --json``: one object for scripts (see the module docstring); times in run seconds."""
+    view = snapshot(journal, wall_now_s)
+    fig, overview = view.figures, view.overview
+    run, start = overview.run, anchor_s(overview.run)
+    document = dict(overview.status)
+    document["run"] = None if run is None else {
+        "id": run.id, "dir": str(run_dir), "state": run.state, "phase": phase_of(run, overview),
+        "goal": {"kind": run.goal_kind, "value": run.goal_value}, "time_scale": view.time_scale,
+        "elapsed_s": round(fig.elapsed_s, 3), "dry_run": bool(run.options.get("dry_run")),
+    }
+    document["daemon"] = {"attached": view.daemon is not None, "pid": (view.daemon or {}).get("pid")}
+    plan = overview.last_plan
+    document["plan"] = None if plan is None else {
+        "seq": plan.seq, "made_at_s": round(plan.created_at_s - start, 3), "makespan_s": plan.makespan_s,
+        "cost_usd": fig.planned_cost_usd if fig.planned_cost_usd is not None else plan.cost_usd,
+        "fleet": plan.fleet, "reason": plan.reason,
+    }
+    document["promise"] = fig.promise
+    interval = fig.eta_interval_s() if run is not None and run.state == "running" else None
+    document["eta"] = None if interval is None else {
+        "low_s": round(max(0.0, interval[0]), 3), "expected_s": round(max(0.0, interval[1]), 3),
+        "high_s": round(max(0.0, interval[2]), 3), "confidence": round(interval_level(), 4), "by": "last plan",
+    }
+    document["instance_list"] = [
+        {"id": i.id, "type": i.type_name, "state": i.state, "tasks": view.running_by_node.get(i.id, 0),
+         "billing": i.billing.describe(), "launched_at_s": round(i.launched_at_s - start, 3),
+         "paid_until_s": round(i.paid_until_s - start, 3),
+         "release_at_s": None if i.release_at_s is None else round(i.release_at_s - start, 3),
+         "terminated_at_s": None if i.terminated_at_s is None else round(i.terminated_at_s - start, 3)}
+        for i in overview.fleet
+    ]
+    return document
+

@@ -150,6 +150,11 @@ def _private_node(check: Checker, item: Node, path: str, live: bool) -> PrivateN
         check.problem(path, "a private node needs host: (reached over SSH) or local: true", item.line)
     elif not local and "host" not in fields:
         check.problem(join(path, "local"), "local: false needs a host: to reach the node over SSH", fields["local"].where)
+    elif not local and "key" not in fields:
+        # Without it the node validated, then was lost at run time ("has no key to log in
+        # with", in a JSON line only). `user` may be left out: ssh's default, the local login.
+        check.problem(join(path, "key"), f"an SSH node needs key: (the private key file that logs in to "
+                      f"{host or 'its host'}; user: defaults to your login name here)", item.line)
 
     if len(check.problems) > before or name is None or slots is None:
         return None

@@ -179,10 +179,9 @@ class RunReport:
     time_scale: float
     stop_reason: str | None = None
 
-    @staticmethod
-    def deviation_pct(delivered: float, planned: float | None) -> float | None:
-        if planned is None or planned <= 0:
-            return None
+    def deviation_pct(self, delivered: float, planned: float | None) -> float | None:
+        if planned is None or planned <= 0 or self.tasks_done + self.tasks_failed < self.tasks_total:
+            return None  # tasks left: what was delivered is not the bag's makespan or cost
         return 100.0 * (delivered - planned) / planned
 
     def to_json(self) -> dict[str, Any]:

@@ -83,12 +83,12 @@ CATALOGUE: dict[str, EventSpec] = {
         _spec("sample.setup", "the setup command ran on a sampling node", tool="node runtime_s"),
         _spec("sample.timeout", "a sample hit the timeout (counted as R_max)", tool="task node runtime_s"),
         _spec("sample.failure", "a sample failed", tool="task node attempt exit_code error"),
-        _spec("sample.exhausted", "`broker estimate` ran out of runtimes before the rule stopped",
-              tool="rule samples"),
+        _spec("sample.exhausted", "the rule used up the bag (or `broker estimate`'s runtimes) before it could stop: "
+              "every task was measured, so the mean is exact", tool="rule samples"),
         _spec("sample.done", "a sample finished (run) or sampling stopped (tool)",
               run="task runtime_ref_s samples mean_ref_s",
               tool="rule samples mean_ref_s eps delta capped",
-              optional="completed extra cancelled wall_s"),
+              optional="exact completed extra cancelled wall_s"),
         _spec("budget.stop", "the budget cannot pay for another billing unit", "tasks_left cause committed_usd"),
         _spec("run.stop", "the user (or a signal) asked the run to stop", "reason", optional="on_stop"),
         _spec("run.left", "the run stopped with `--on-stop leave`: instances and agents keep running",
@@ -168,6 +168,21 @@ for _name in ("ssh.connect", "ssh.disconnect", "ssh.error", "ssh.host_key_truste
     CATALOGUE[_name] = EventSpec(_s.name, _s.summary, _s.run, _s.run, _s.optional)
 
 
+# What the console shows on a terminal at the default level (info): what a person follows
+# (plans, launches, releases, failures, the run's start and end). Warnings and errors are
+# always shown; the rest (each task's start and end, each SSH session, each EC2 call) only
+# at --log-level debug. events.jsonl always holds every event.
+CONSOLE_EVENTS = frozenset((
+    "run.start", "run.resume", "run.stop", "run.left", "run.done", "run.disk_full", "run.disk_full_released",
+    "plan.solved", "budget.stop", "metrics.serving",
+    "instance.launch", "instance.launch_failed", "instance.ready", "instance.terminated",
+    "instance.terminate_failed", "instance.type_avoided", "instance.stray_terminated",
+    "node.ready", "node.lost", "node.setup_failed", "node.quarantined", "agent.lost", "agent.reattach_failed",
+    "task.failed", "task.quarantined", "task.outputs_failed",
+    "sample.start", "sample.exhausted", "sample.failure", "sample.timeout", "sample.adopted",
+))
+
+
 def problems(line: dict, *, in_run: bool) -> list[str]:
     """What is wrong with one parsed log line against the catalogue; empty when nothing."""
     name = line.get("event")
@@ -191,7 +206,7 @@ def problems(line: dict, *, in_run: bool) -> list[str]:
 
 def markdown_table() -> str:
     """The README's event table, generated from :data:`CATALOGUE`."""
-    rows = ["| event | written by | fields | what happened |", "|---|---|---|---|"]
+    rows = ["| event | written by | fields | on a terminal | what happened |", "|---|---|---|---|---|"]
     for spec in CATALOGUE.values():
         by = " + ".join(w for w, f in (("run", spec.run), ("plan/estimate/simulate", spec.tool)) if f is not None)
         if spec.run is not None and spec.tool is not None and spec.run != spec.tool:
@@ -200,7 +215,8 @@ def markdown_table() -> str:
             fields = ", ".join(spec.run if spec.run is not None else spec.tool or ())
         if spec.optional:
             fields += f" (when they apply: {', '.join(spec.optional)})"
-        rows.append(f"| `{spec.name}` | {by} | {fields} | {spec.summary} |")
+        shown = "shown" if spec.name in CONSOLE_EVENTS else "debug"
+        rows.append(f"| `{spec.name}` | {by} | {fields} | {shown} | {spec.summary} |")
     return "\n".join(rows)
 
 

@@ -482,6 +482,14 @@ class Journal:
 
     def close(self) -> None:
         with self._lock:
+            if not self.readonly:
+                # SQLite checkpoints the WAL into the main file when its last connection closes;
+                # with a reader attached (metrics, `status --watch`) the writer is not the last,
+                # and a copy of journal.sqlite alone had no tables. Checkpoint it here.
+                try:
+                    self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                except sqlite3.Error:
+                    pass  # a reader mid-read: the WAL stays, complete, beside the file
             self._db.close()
 
     def __enter__(self) -> "Journal":

@@ -10,6 +10,13 @@ are those of secret-looking environment variables (``AWS_SECRET_ACCESS_KEY``,
 ``AWS_SESSION_TOKEN``, ...) when logging is configured, of secret-looking bag ``env``
 entries when a run starts, and any passed to :func:`register_secret`. The daemon applies
 the same masking to what it writes to the journal (:func:`mask_secrets`).
+
+Levels: ``level`` is the console's. The files given as ``extra_files`` (a run's
+``events.jsonl``) always receive every event, debug included, whatever the console shows:
+they are the run's record. On a terminal at ``info`` the console shows only what a person
+follows (:data:`broker.shells.events.CONSOLE_EVENTS`: plans, launches, releases, failures, the
+run's start and end) and every warning and error; the per-task events appear at ``debug``.
+Off a terminal the console gets every event at ``level`` and above, as JSON lines.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 import structlog
 
@@ -69,6 +76,10 @@ def redact(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
     return mask_secrets(event)
 
 
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "warn": logging.WARNING,
+           "error": logging.ERROR, "exception": logging.ERROR, "critical": logging.CRITICAL}
+
+
 def configure_logging(
     level: str = "info",
     stream: TextIO | None = None,
@@ -78,14 +89,20 @@ def configure_logging(
 ) -> None:
     """Route structlog (and stdlib logging, e.g. APScheduler's tracebacks) to ``stream``.
 
-    ``json=None`` picks JSON unless ``stream`` is a terminal. ``extra_files`` receive the
-    same events as JSON lines (the run directory's ``events.jsonl``). ``bind`` adds its keys
-    to every event from every thread (``run_id`` during a run), unless the event has them.
+    ``json=None`` picks JSON unless ``stream`` is a terminal. ``extra_files`` receive every
+    event (all levels) as JSON lines (the run directory's ``events.jsonl``). ``bind`` adds its
+    keys to every event from every thread (``run_id`` during a run), unless the event has them.
+    ``stream=None`` writes to whatever ``sys.stderr`` is at the time of each line, so that a
+    live progress display that redirects it (:mod:`broker.cli.terminal`) prints log lines
+    above its bars, never through them.
     """
-    stream = stream or sys.stderr
+    def console() -> TextIO:
+        return stream if stream is not None else sys.stderr
+
     register_secrets_in(os.environ)
+    tty = hasattr(console(), "isatty") and console().isatty()
     if json is None:
-        json = not (hasattr(stream, "isatty") and stream.isatty())
+        json = not tty
     shared = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -100,24 +117,69 @@ def configure_logging(
             return event
 
         shared.insert(0, add_context)
-    renderer: Any = (
-        structlog.processors.JSONRenderer(sort_keys=False)
-        if json
-        else structlog.dev.ConsoleRenderer(colors=stream.isatty() if hasattr(stream, "isatty") else False)
-    )
+    json_renderer = structlog.processors.JSONRenderer(serializer=_strict_json)
+    renderer: Any = json_renderer if json else _compact_console(tty)
     processors = shared + [structlog.processors.format_exc_info, redact]  # tracebacks masked too
-    sinks = [(stream, renderer)]
-    json_renderer = structlog.processors.JSONRenderer(sort_keys=False)
-    for f in extra_files or []:
-        sinks.append((f, json_renderer))
+    console_level = _LEVELS[level.lower()]
+    shown = _console_filter(console_level, curated=tty and not json and console_level == logging.INFO)
+    sinks: list[tuple[Any, Any]] = [(None, renderer)] + [(f, json_renderer) for f in extra_files or []]
+    fan_out = _fan_out(sinks, console, renderer, shown)
+    # The record (extra files) takes every level; the console filters in fan_out.
+    floor = logging.DEBUG if extra_files else console_level
+    structlog.configure(
+        processors=processors + [fan_out],
+        wrapper_class=structlog.make_filtering_bound_logger(floor),
+        cache_logger_on_first_use=False,
+    )
+    # stdlib logging (APScheduler, paramiko, botocore) goes through the same sinks at WARNING+.
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "_broker", False):
+            root.removeHandler(h)
+    handler = _StructlogHandler()
+    handler._broker = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+
+
+def _console_filter(console_level: int, curated: bool) -> Callable[[dict[str, Any]], bool]:
+    """Whether the console shows an event: at or above its level; on a terminal at info, only
+    what a person follows (``CONSOLE_EVENTS``, a re-plan only when the fleet or the cost
+    changes) and every warning."""
+    from broker.shells.events import CONSOLE_EVENTS
+
+    last_plan: list[Any] = [None]
+
+    def shown(event: dict[str, Any]) -> bool:
+        at = _LEVELS.get(str(event.get("level", "info")), logging.INFO)
+        if at < console_level:
+            return False
+        if not curated or at >= logging.WARNING:
+            return True
+        if event.get("event") == "plan.solved" and "run_id" in event:
+            key = (str(event.get("fleet")), round(float(event.get("cost_usd") or 0.0), 2))
+            if key == last_plan[0]:
+                return False  # a re-plan that keeps the fleet and the cost says nothing new
+            last_plan[0] = key
+        return event.get("event") in CONSOLE_EVENTS
+
+    return shown
+
+
+def _fan_out(sinks: list[tuple[Any, Any]], console: Callable[[], TextIO], renderer: Any,
+             shown: Callable[[dict[str, Any]], bool]) -> Callable[..., str]:
+    """The last processor: each event to the console (``None`` sink, filtered) and to every file
+    (whole lines; a full disk drops that file and says so on the console)."""
 
     def fan_out(logger: Any, name: str, event: dict[str, Any]) -> str:
         for sink, render in list(sinks):
-            line = render(logger, name, dict(event))
-            if sink is stream:
-                sink.write(line + "\n")
-                sink.flush()
+            if sink is None:
+                if shown(event):
+                    out = console()
+                    out.write(render(logger, name, dict(event)) + "\n")
+                    out.flush()
                 continue
+            line = render(logger, name, dict(event))
             try:
                 _append_line(sink, line)
             except OSError as exc:
@@ -130,24 +192,72 @@ def configure_logging(
                                 "stderr only; every line written before is whole")  # fmt: skip
                 warning = {**event, "event": "log.disk_full", "level": "error", "message": str(note),
                            "dropped_event": name}  # fmt: skip
-                stream.write(renderer(logger, name, warning) + "\n")
-                stream.flush()
+                console().write(renderer(logger, name, warning) + "\n")
+                console().flush()
         raise structlog.DropEvent
 
-    structlog.configure(
-        processors=processors + [fan_out],
-        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        cache_logger_on_first_use=False,
-    )
-    # stdlib logging (APScheduler, paramiko, botocore) goes through the same sinks at WARNING+.
-    root = logging.getLogger()
-    for h in list(root.handlers):
-        if getattr(h, "_broker", False):
-            root.removeHandler(h)
-    handler = _StructlogHandler()
-    handler._broker = True  # type: ignore[attr-defined]
-    root.addHandler(handler)
-    root.setLevel(logging.WARNING)
+    return fan_out
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with non-finite numbers as None, at any depth (strict JSON has no Infinity)."""
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def _strict_json(event: Any, **kw: Any) -> str:
+    """JSON that strict parsers read: a non-finite number (an unbounded release time, an
+    infinite goal) is written as null, never as the non-standard ``Infinity`` or ``NaN``."""
+    import json as _json
+
+    kw.pop("sort_keys", None)
+    return _json.dumps(json_safe(event), allow_nan=False, **kw)
+
+
+def _human(key: str, value: Any) -> str:
+    """A field as a person reads it: durations (``*_s``) as ``4h17m``, dollars (``*_usd``) as
+    ``$0.17``; JSON keeps the raw numbers."""
+    from broker.config.durations import format_duration
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if key.endswith("_usd"):
+            return f"${value:,.2f}"
+        if key.endswith("_s") and not key.endswith("_ref_s"):
+            return format_duration(float(value))
+        if key.endswith("_ref_s"):
+            return f"{format_duration(float(value))}(ref)"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def _compact_console(colors: bool) -> Any:
+    """One short line a person reads: ``02:18:59 info  instance.launch  type=m5.large ...``
+    (the clock time of day, UTC; the run id, on every line of a run, is left out)."""
+    bright, dim, reset = ("\x1b[1m", "\x1b[2m", "\x1b[0m") if colors else ("", "", "")
+    marks = {"warning": "\x1b[33m", "error": "\x1b[31m", "critical": "\x1b[31m"} if colors else {}
+
+    def render(_logger: Any, _name: str, event: dict[str, Any]) -> str:
+        event = dict(event)
+        stamp = str(event.pop("timestamp", ""))[11:19]
+        level = str(event.pop("level", "info"))
+        name = str(event.pop("event", ""))
+        event.pop("run_id", None)
+        trace = event.pop("exception", None)
+        fields = " ".join(f"{k}={_human(k, v)}" for k, v in event.items() if v is not None)
+        mark = marks.get(level, "")
+        line = (f"{dim}{stamp}{reset} {mark}{level:<7}{reset if mark else ''} {bright}{name}{reset}"
+                + (f"  {fields}" if fields else ""))
+        return line + (f"\n{trace}" if trace else "")
+
+    return render
 
 
 def _append_line(sink: TextIO, line: str) -> None:

@@ -72,6 +72,10 @@ class Figures:
     mean_ref_s: float | None
     samples: int
     failures: dict[str, list[str]] = field(default_factory=dict)  # task -> errors, final failures only
+    planned_cost_usd: float | None = None  # the last plan's cost, from the run's start
+    # The first plan adopted: what the user was promised (and confirmed), as plain figures
+    # (makespan_s, cost_usd; the promise's intervals when its event carries them).
+    promise: dict[str, Any] | None = None
 
     @property
     def run(self) -> RunRecord | None:
@@ -103,12 +107,16 @@ def figures(journal: Journal, now_s: float) -> Figures:
     start = anchor_s(overview.run)
     instances = Counter((i.type_name, i.state) for i in overview.fleet)
     planned = overview.last_plan.makespan_s if overview.last_plan is not None else None
+    planned_usd = overview.last_plan.cost_usd if overview.last_plan is not None else None
     low = expected = mean = None
     plans = journal.events("plan.solved")
+    promise = promise_of(plans[0][2]) if plans else None
     if plans:
         at, _, f = plans[-1]
         makespan, point, upper = f.get("makespan_s"), f.get("work_ref_s"), f.get("work_upper_ref_s")
         mean = f.get("mean_ref_s")
+        if f.get("cost_usd") is not None:
+            planned_usd = f["cost_usd"]
         if makespan is not None and point is not None and upper:
             made_s = at - start
             left = max(0.0, makespan - made_s)
@@ -134,7 +142,21 @@ def figures(journal: Journal, now_s: float) -> Figures:
         mean_ref_s=mean,
         samples=len(samples),
         failures=failures,
+        planned_cost_usd=planned_usd,
+        promise=promise,
     )
+
+
+# The fields of a promise (issue 16's ``promise`` object) that a plan.solved event may carry.
+PROMISE_KEYS = ("makespan_s", "cost_usd", "makespan_s_range", "cost_usd_range", "confidence")
+
+
+def promise_of(fields: dict[str, Any]) -> dict[str, Any] | None:
+    """The promise a ``plan.solved`` event made: its point figures, and its intervals when the
+    event has them (``promise`` nested, or flat)."""
+    source = fields.get("promise") if isinstance(fields.get("promise"), dict) else fields
+    out = {k: source[k] for k in PROMISE_KEYS if source.get(k) is not None}
+    return out if "makespan_s" in out or "cost_usd" in out else None
 
 
 class JournalCollector:
@@ -211,6 +233,17 @@ class JournalCollector:
             yield predicted
             yield GaugeMetricFamily("broker_predicted_makespan_confidence", "level of the predicted makespan's "
                                     "interval", value=interval_level())
+        if fig.planned_cost_usd is not None:
+            yield GaugeMetricFamily("broker_planned_cost_usd", "the adopted plan's cost from the run's start",
+                                    value=fig.planned_cost_usd)
+        if fig.promise is not None:
+            # The first plan: the figures the plan table, the launch question and the report's
+            # "proposed" column show.
+            for key, name in (("makespan_s", "broker_promised_makespan_seconds"), ("cost_usd", "broker_promised_cost_usd")):
+                if fig.promise.get(key) is not None:
+                    yield GaugeMetricFamily(name, "the first plan's (the promise's) "
+                                            + ("makespan from the run's start" if key == "makespan_s" else "cost"),
+                                            value=fig.promise[key])
         if fig.mean_ref_s is not None:
             yield GaugeMetricFamily("broker_mean_runtime_estimate_seconds", "estimated mean task runtime on a "
                                     "reference slot (speed 1)", value=fig.mean_ref_s)

@@ -26,12 +26,14 @@ correct in a live system"):
 
 Agents are attached by the caller with one shared inbox (:func:`attached_nodes` does it for
 the inventory's private nodes, local or over SSH, and always stops them). The runner never stops an
-agent itself. Ctrl-C, a lost node, a bag too small for the rule: a :class:`SamplingStopped`
-subclass carrying the draws completed so far, so that none of that work is forgotten.
+agent itself. Ctrl-C, a lost node, failing tasks: a :class:`SamplingStopped` subclass
+carrying the draws completed so far, so that none of that work is forgotten. A bag too small
+for the rule is not an error: once every task ran, the mean is the bag's, exactly
+(``Estimate.exact``), and sampling ends with it.
 
 Events: ``sample.setup`` (node, runtime_s), ``sample.timeout`` (task, node, runtime_s),
 ``sample.failure`` (task, node, attempt, exit_code, error), ``sample.done`` (rule, samples,
-mean_ref_s, eps, delta, capped, completed, extra, cancelled, wall_s).
+mean_ref_s, eps, delta, capped, exact, completed, extra, cancelled, wall_s).
 """
 
 from __future__ import annotations
@@ -166,7 +168,7 @@ class SamplingFailed(SamplingStopped):
     """Tasks (or the setup command) failed, or a node was lost: a problem to fix first."""
 
 
-class SamplingExhausted(SamplingStopped):
+class SamplingExhausted(SamplingStopped):  # no longer raised: a used-up bag gives its exact mean
     """The rule wanted more samples than the bag holds."""
 
 
@@ -243,19 +245,15 @@ class _Runner:
         started = time.monotonic()
         if self.bag.setup:
             self._set_up_nodes()
-        while not self.driver.done:
+        while not self.driver.finished:
             self._fill_slots()
             if not self.running:
-                if self.driver.exhausted:
-                    raise SamplingExhausted(
-                        f"rule {self.driver.rule.name!r} still wants samples after all {len(self.bag)} tasks "
-                        "ran; loosen --eps/--delta, give a tighter timeout, or use a cheaper rule (ebstop)",
-                        self.in_draw_order(),
-                        self.failures,
-                    )
                 raise RuntimeError("the sampling driver wants samples but gave no task to run")  # a driver bug
             self._handle(self._next_events())
-        estimate = self.driver.estimate()  # the driver is done, so the rule has an estimate
+        # The rule is satisfied, or the whole bag ran and its mean is exact (Estimate.exact).
+        estimate = self.driver.estimate()
+        if estimate.exact:
+            log.info("sample.exhausted", rule=estimate.rule, samples=estimate.samples)
         slowest = min(n.speed for n in self.nodes)
         self._drain(None if drain_means is None else drain_means * estimate.mean_ref_s / slowest)
         outcome = SamplingOutcome(
@@ -269,7 +267,8 @@ class _Runner:
         if self.on_progress is not None:
             self.on_progress(self._progress(finished=True))
         log.info("sample.done", rule=estimate.rule, samples=estimate.samples, mean_ref_s=estimate.mean_ref_s,
-                 eps=estimate.eps, delta=estimate.delta, capped=estimate.capped, completed=len(outcome.tasks),
+                 eps=estimate.eps, delta=estimate.delta, capped=estimate.capped, exact=estimate.exact,
+                 completed=len(outcome.tasks),
                  extra=extra, cancelled=len(self.cancelled), wall_s=round(time.monotonic() - started, 3))
         return outcome
 
@@ -420,7 +419,7 @@ class _Runner:
         extra = self.driver.extra if self.driver.done else {}
         in_order = sorted(self.completed.values(), key=lambda t: t.draw)
         return {
-            t.task_id: _replace_used(t, self.driver.done and self.index_of[t.task_id] not in extra)
+            t.task_id: _replace_used(t, self.driver.finished and self.index_of[t.task_id] not in extra)
             for t in in_order
         }
 
@@ -497,7 +496,7 @@ def samples_document(
     return {
         "estimate": None if estimate is None else {
             "rule": estimate.rule, "samples": estimate.samples, "mean_ref_s": estimate.mean_ref_s,
-            "eps": estimate.eps, "delta": estimate.delta, "capped": estimate.capped,
+            "eps": estimate.eps, "delta": estimate.delta, "capped": estimate.capped, "exact": estimate.exact,
         },
         "tasks": {
             t.task_id: {"node": t.node, "attempt": t.attempt, "draw": t.draw, "runtime_s": t.runtime_s,

@@ -205,7 +205,7 @@ def capacity_term(ctl: Controller, n: NodeView, now: float, end: float, rem: Rem
     """Reference seconds node ``n`` works from now to ``end`` (released at ``release_at_s``
     if it is an instance), less the planner's allowance for a run's end."""
     start = max(now, n.ready_at_s or now)
-    allowance = ctl.planner.options.phi_s + 0.5 * rem.mean_ref_s / n.speed
+    allowance = ctl.planner.options.allowance_s(n.speed, rem.mean_ref_s, rem.sd_ref_s)
     stop = end if n.is_private else min(end, release_at_s if release_at_s is not None else end)
     return n.slots * n.speed * max(0.0, stop - start - allowance)
 
@@ -242,9 +242,16 @@ def status_quo(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem:
 # -- applying a plan ----------------------------------------------------------------------
 def apply_plan(ctl: Controller, snap: Snapshot, memory: Memory, now: float, result: PlanResult, s: Scratch) -> Memory:
     shorten = _apply_releases(ctl, snap, memory, now, result.plan, s)
-    _apply_launches(ctl, snap, now, result, s)
+    trimmed_usd = _apply_launches(ctl, snap, now, result, s)
     budget_guard(ctl, snap, memory, now, s)
-    return replace(memory, shorten_streak=shorten)
+    memory = replace(memory, shorten_streak=shorten)
+    if trimmed_usd > 0 and memory.planned_cost_usd is not None and memory.promised_cost_usd is None:
+        # The plan's cost is what it buys: instances trimmed by _apply_launches are not bought,
+        # so the plan line, the launch question, status, the report and the metrics would
+        # otherwise show a cost the run never meant to spend ($9.68 planned, 13 instances for
+        # ~$1.47 asked).
+        memory = replace(memory, planned_cost_usd=max(snap.committed_usd, memory.planned_cost_usd - trimmed_usd))
+    return memory
 
 
 def _apply_releases(ctl: Controller, snap: Snapshot, memory: Memory, now: float, plan, s: Scratch) -> dict:
@@ -291,8 +298,9 @@ def _apply_releases(ctl: Controller, snap: Snapshot, memory: Memory, now: float,
     return shorten
 
 
-def _apply_launches(ctl: Controller, snap: Snapshot, now: float, result: PlanResult, s: Scratch) -> None:
-    """The plan's new instances, as many as pending tasks can use and the budget allows."""
+def _apply_launches(ctl: Controller, snap: Snapshot, now: float, result: PlanResult, s: Scratch) -> float:
+    """The plan's new instances, as many as pending tasks can use and the budget allows.
+    Returns what the plan priced for instances it does not launch."""
     plan = result.plan
     margin = ctl.config.margin_s
     # A new slot can only take a pending task, and a free slot already paid for takes
@@ -302,10 +310,14 @@ def _apply_launches(ctl: Controller, snap: Snapshot, now: float, result: PlanRes
     open_slots = sum(n.slots - len(n.running) for n in snap.nodes
                      if not n.lost and (n.is_private or s.release_of(n) is None or s.release_of(n) > now))
     wanted_slots = max(0, len(snap.pending) - open_slots)
-    for group in plan.new if len(snap.pending) else ():
-        # With nothing pending, the work left is inside running tasks, which a new
-        # machine cannot take over (tail replication uses paid idle slots instead).
+    trimmed_usd = 0.0
+    for group in plan.new:
         t = snap.types[group.type_name]
+        if not len(snap.pending):
+            # With nothing pending, the work left is inside running tasks, which a new
+            # machine cannot take over (tail replication uses paid idle slots instead).
+            trimmed_usd += group.count * t.billing.cost_usd(group.release_after_s, t.price_per_hour)
+            continue
         wanted = max(0, min(group.count, -(-wanted_slots // max(t.slots, 1))))
         if wanted < group.count:
             s.notes.append(f"launching {wanted} of {group.count} {t.name}: {len(snap.pending)} tasks pending")
@@ -318,6 +330,8 @@ def _apply_launches(ctl: Controller, snap: Snapshot, now: float, result: PlanRes
         if count > 0:
             s.actions.append(Launch(t.name, count, result.cause or LaunchCause.PLAN, group.release_after_s - margin))
             s.launched_usd += count * t.billing.cost_usd(group.release_after_s, t.price_per_hour)
+        trimmed_usd += (group.count - count) * t.billing.cost_usd(group.release_after_s, t.price_per_hour)
+    return trimmed_usd
 
 
 def match_to_schedule(existing, by_id) -> list:

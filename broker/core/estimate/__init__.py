@@ -12,7 +12,7 @@
 Pure logic: no clock, no I/O; randomness comes from a numpy Generator passed in.
 """
 
-from .contract import Estimate, Need, StoppingRule
+from .contract import Estimate, Need, StoppingRule, census
 from .rules import RULE_NAMES, RmaxSaving, expected_samples, make_rule, tighter_rmax_saving
 from .sampling import BagExhausted, SamplingDriver
 
@@ -24,6 +24,7 @@ __all__ = [
     "RmaxSaving",
     "SamplingDriver",
     "StoppingRule",
+    "census",
     "expected_samples",
     "make_rule",
     "tighter_rmax_saving",

@@ -29,7 +29,8 @@ class Estimate:
     ``samples`` counts every sample the rule consumed (all phases); ``capped`` those that
     hit ``R_max``. ``guarantee`` says in words what ``(eps, delta)`` promises for this rule;
     ``warnings`` carries conditions the caller should log (for example a sample that is a
-    large share of the bag).
+    large share of the bag). ``exact``: every task of the bag was measured (the rule used up
+    the bag before it could stop), so ``mean_ref_s`` is the bag's mean with no sampling error.
     """
 
     mean_ref_s: float
@@ -40,6 +41,33 @@ class Estimate:
     capped: int
     guarantee: str
     warnings: tuple[str, ...] = ()
+    exact: bool = False
+
+
+def census(rule: "StoppingRule", capped_ref_s: np.ndarray) -> Estimate:
+    """The estimate when ``rule`` used up the bag: ``capped_ref_s`` holds every task's runtime
+    (capped at R_max), so their mean is the bag's mean exactly, whatever the rule still wanted.
+
+    A rule that wants more samples than the bag holds is asking for more certainty about a
+    finite population's mean than measuring all of it gives; measuring all of it gives the
+    mean itself (the population is the bag). The rule's ``(eps, delta)`` contract is then met
+    with error 0 and probability 1.
+    """
+    values = np.asarray(capped_ref_s, dtype=float)
+    if values.ndim != 1 or values.size == 0:
+        raise ValueError("a census needs the runtime of every task of the bag (at least one)")
+    capped = int(np.count_nonzero(values >= rule.r_max_s))
+    return Estimate(
+        mean_ref_s=float(values.mean()),
+        samples=int(values.size),
+        eps=rule.eps,
+        delta=rule.delta,
+        rule=rule.name,
+        capped=capped,
+        guarantee=(f"exact: all {values.size} tasks of the bag ran before rule {rule.name!r} could stop, so this "
+                   "is the bag's mean runtime (capped at R_max), with no sampling error"),
+        exact=True,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,10 @@ reach the stopping rule (ALGORITHMS.md 2.1, "Rules that make it correct in a liv
   use (:class:`~broker.core.estimate.contract.Need`).
 * Results that arrive after the rule is satisfied are kept as ``extra``: the work is done,
   and the online estimator (:mod:`broker.core.estimate.survival`) can use them.
+* A rule that still wants samples once every task of the bag ran (a small bag, a strict
+  ``eps``) has nothing left to learn: the runtimes of the whole bag are known, so their
+  mean is the bag's exactly (:func:`~broker.core.estimate.contract.census`). Sampling then
+  ends with that exact estimate (:attr:`SamplingDriver.finished`), not an error.
 
 Runtimes are recorded in wall seconds with the speed of the slot they ran on; the rule sees
 ``Z = min(runtime * speed, R_max) / R_max``.
@@ -21,11 +25,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .contract import Estimate, StoppingRule
+from .contract import Estimate, StoppingRule, census
 
 
 class BagExhausted(RuntimeError):
-    """The rule wants more samples than the bag has tasks left to draw."""
+    """Kept for callers that catch it; :meth:`SamplingDriver.estimate` no longer raises it
+    (a bag used up gives its exact mean)."""
 
 
 class SamplingDriver:
@@ -104,6 +109,11 @@ class SamplingDriver:
         return not self.rule.wants_more()
 
     @property
+    def finished(self) -> bool:
+        """Sampling is over: the rule is satisfied, or every task ran (the exact mean is known)."""
+        return self.done or self.exhausted
+
+    @property
     def exhausted(self) -> bool:
         """Every task has been drawn and completed, and the rule still wants more."""
         return not self.done and self._next_order >= self.n_tasks and not self._in_flight
@@ -140,10 +150,9 @@ class SamplingDriver:
         return dict(self._runtime_ref_s)
 
     def estimate(self) -> Estimate:
-        """The rule's estimate; :class:`BagExhausted` if the bag ran out first."""
+        """The rule's estimate; when the bag ran out first, the exact mean of the whole bag
+        (``Estimate.exact``). An error while sampling is not :attr:`finished`."""
         if self.exhausted:
-            raise BagExhausted(
-                f"rule {self.rule.name!r} still wants samples after all {self.n_tasks} tasks of the "
-                "bag were drawn; loosen eps or delta, or use a cheaper rule"
-            )
+            ref = np.array([self._runtime_ref_s[t] for t in range(self.n_tasks)])
+            return census(self.rule, np.minimum(ref, self.r_max_s))
         return self.rule.estimate()

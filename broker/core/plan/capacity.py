@@ -6,7 +6,7 @@ Notation (seconds from the planning moment ``now``; work in reference seconds):
           smallest multiple of beta_i that is >= Q (Q = PlanOptions.per_second_quantum_s);
           a quantum costs c_i q_i / 3600 and the first one at least c_i m_i / 3600
     r     rate of a machine: slots x speed (reference seconds of work per wall second)
-    g     packing allowance: phi + tail_task_fraction x mean task / speed
+    g     packing allowance: min(phi, phi_tasks x long task / speed) + tail_task_fraction x mean task / speed
     b_i   boot delay of a new instance of type i
 
 Every resource contributes work as a *ramp*: it works at rate r from ``start`` until ``end``,
@@ -43,8 +43,9 @@ def planning_quantum_s(billing: Billing, options: PlanOptions) -> float:
 
 
 def allowance_s(speed: float, work: Work, options: PlanOptions) -> float:
-    """g = phi + tail_task_fraction x (mean task / speed)."""
-    return options.phi_s + options.tail_task_fraction * work.mean_ref_s / speed
+    """g = min(phi, phi_tasks x long task / speed) + tail_task_fraction x (mean task / speed)
+    (:meth:`PlanOptions.allowance_s`: phi scales down with short tasks)."""
+    return options.allowance_s(speed, work.mean_ref_s, work.sd_ref_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,12 +48,22 @@ class Work:
 class PlanOptions:
     """Knobs of the planner (ALGORITHMS.md 3.1-3.3).
 
-    Packing allowance of a machine whose slots run at ``speed``:
-    ``g = phi_s + tail_task_fraction * mean_ref_s / speed`` seconds at the end of its life
-    that the plan does not count on (task indivisibility, estimation error).
+    Packing allowance of a machine whose slots run at ``speed`` (:meth:`allowance_s`):
+    ``g = min(phi_s, phi_tasks * (mean_ref_s + 2 sd_ref_s) / speed) + tail_task_fraction *
+    mean_ref_s / speed`` seconds at the end of its life that the plan does not count on
+    (task indivisibility, dispatch and estimation slack).
     """
 
     phi_s: float = 300.0
+    # The gap factor phi scales with the tasks: the thesis's 5 minutes were set for tasks of
+    # tens of minutes (LM: 17 min mean), where it is a fraction of one task. On a bag of 1 s
+    # tasks a fixed 5 minutes is 300 tasks of slack per slot: `broker plan --tasks 10
+    # --mean-runtime 1s` planned 5m04s, and a 2-minute deadline a private node met in
+    # 1m52s was called infeasible. What phi guards against is a machine's last tasks not
+    # fitting (indivisibility beyond the half task below, a long task drawn late, the
+    # dispatch gaps between tasks), which is a few long tasks' worth, not a fixed time: so
+    # phi is capped at phi_tasks long tasks (mean + 2 sd) on that machine.
+    phi_tasks: float = 4.0
     tail_task_fraction: float = 0.5
     per_second_quantum_s: float = 300.0  # planning grid for billing units shorter than this
     time_limit_s: float = 2.0
@@ -66,6 +76,13 @@ class PlanOptions:
     solver: str = "cbc"
     tie_break_usd: float = 1e-7  # per new instance-quantum; see mincost's docstring
     bisect_tol_s: float = 10.0  # min_makespan stops bisecting when the bracket is this narrow
+
+    def allowance_s(self, speed: float, mean_ref_s: float, sd_ref_s: float = 0.0) -> float:
+        """g: the end of a machine's life (slots at ``speed``) the plan does not count on:
+        ``min(phi_s, phi_tasks x a long task) + tail_task_fraction x a mean task``, a long task
+        being ``mean + 2 sd`` (all on that machine, in seconds)."""
+        long_task_s = (mean_ref_s + 2.0 * sd_ref_s) / speed
+        return min(self.phi_s, self.phi_tasks * long_task_s) + self.tail_task_fraction * mean_ref_s / speed
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,116 @@
+"""The console as a person meets it: `broker run` on a real terminal (tmux), and the event log
+that keeps every event whatever the console shows."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import structlog
+
+from broker.shells.logging import configure_logging
+
+REPO = Path(__file__).resolve().parents[1]
+BAR = re.compile("[━╸╺]")
+# A console log line (`02:18:59 info    instance.launch ...`), a summary line, the plan line.
+LOG = re.compile(r"\b\d\d:\d\d:\d\d (debug|info|warning|error|critical|sampling|running)\b|\bplan: makespan")
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("level", ["debug", "info", "warning", "error"])
+@pytest.mark.parametrize("tty", [True, False])
+def test_the_event_file_gets_every_event_at_every_console_level(level, tty):
+    """Regression: `--log-level warning` left events.jsonl empty (the level filtered the file too)."""
+    console, record = (_Terminal() if tty else io.StringIO()), io.StringIO()
+    configure_logging(level=level, stream=console, extra_files=[record], bind={"run_id": "r-1"})
+    log = structlog.get_logger()
+    log.debug("task.start", task="t1", attempt=1, node="n", slot=0, cause="dispatch")
+    log.info("task.done", task="t1", attempt=1, node="n", runtime_s=1.0, exit_code=0, runtime_ref_s=1.0)
+    log.info("instance.launch", instance_id="i-1", type="m5.large", cause="plan", launched_at_s=0.0, boot_s=5.0)
+    log.warning("task.failed", task="t2", attempt=1, node="n", error="exit code 1", stderr_tail="", final=False,
+                retries_left=1)
+    configure_logging(level="info")
+    assert [json.loads(line)["event"] for line in record.getvalue().splitlines()] == [
+        "task.start", "task.done", "instance.launch", "task.failed"]
+    shown = console.getvalue()
+    assert ("task.failed" in shown) is (level in ("debug", "info", "warning"))
+    assert ("instance.launch" in shown) is (level in ("debug", "info"))
+    # Per-task lines reach a terminal only at debug; off a terminal, every line at the level.
+    assert ("task.done" in shown) is (level == "debug" or (level == "info" and not tty))
+    assert ("task.start" in shown) is (level == "debug")
+
+
+def test_a_real_run_at_log_level_warning_keeps_every_event_in_its_file(tmp_path):
+    bag = tmp_path / "bag.yaml"
+    bag.write_text("command: 'true {i}'\nsweep:\n  i: {range: [0, 6]}\ntimeout: 30s\n")
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("private:\n  - {name: here, local: true, slots: 2}\n")
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "broker", "--log-level", "warning", "run", "--dry-run", "--yes",
+                           "--inventory", str(inventory), str(bag), "--run-dir", str(run_dir)],
+                          env=_env(), capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    names = [e["event"] for e in events]
+    assert names.count("task.done") == 6 and names.count("task.start") >= 6
+    assert {"run.start", "run.done", "run.report"} <= set(names)
+    assert "task.done" not in done.stderr  # the console kept to warnings
+
+
+def _tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.slow
+def test_a_10000_task_run_on_a_terminal_keeps_bars_and_log_lines_apart(tmp_path):
+    """`broker run` on a terminal: log lines above the bars, never through them (regression:
+    `...1/40 done, $0.00 committed2026-11-24T00:09:59Z [info] task.start...`), and a
+    10,000-task run prints fewer than 200 lines at the default level (it printed 3 a task)."""
+    if shutil.which("tmux") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("tmux is not installed")
+        pytest.skip("tmux is not installed")
+    bag = tmp_path / "bag.yaml"
+    bag.write_text("command: 'true {i}'\nsweep:\n  i: {range: [0, 10000]}\ntimeout: 30s\nretries: 1\n")
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("private:\n  - {name: here, local: true, slots: 32}\n")
+    run_dir, status = tmp_path / "run", tmp_path / "exit"
+    command = (f"cd {tmp_path} && PYTHONPATH={REPO} {sys.executable} -m broker run --dry-run --yes "
+               f"--inventory {inventory} {bag} --run-dir {run_dir} --time-scale 600; echo $? > {status}; sleep 300")
+    session = f"broker-console-{os.getpid()}"
+    _tmux("new-session", "-d", "-s", session, "-x", "150", "-y", "45", command)
+    try:
+        deadline = time.monotonic() + 600
+        while not status.exists() and time.monotonic() < deadline:
+            time.sleep(1)
+        screen = _tmux("capture-pane", "-p", "-t", session, "-S", "-", "-E", "-")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    assert status.exists(), f"the run did not end in time:\n{screen[-3000:]}"
+    assert status.read_text().strip() == "0", screen[-3000:]
+    lines = [line for line in screen.splitlines() if line.strip()]
+    mixed = [line for line in lines if BAR.search(line) and LOG.search(line)]
+    assert mixed == [], mixed
+    assert any(BAR.search(line) for line in lines), "no progress bar was drawn"
+    assert any(LOG.search(line) for line in lines), "no log line reached the terminal"
+    print(f"\n{len(lines)} non-blank lines on the terminal for 10,000 tasks; "
+          f"{sum(bool(BAR.search(line)) for line in lines)} hold a bar, none with a log line")
+    assert len(lines) < 200, f"{len(lines)} lines:\n" + "\n".join(lines[:60])
+    events = [json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert events.count("task.done") == 10000  # the record keeps every task
