@@ -13,7 +13,7 @@ import os
 import sys
 
 # Sub-commands in the order ``--help`` lists them.
-COMMANDS = ("validate", "plan", "estimate", "simulate", "run", "status", "report", "down")
+COMMANDS = ("validate", "plan", "estimate", "simulate", "run", "status", "report", "down", "iam_policy")
 
 
 class UsageError(Exception):

@@ -135,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.dry_run and inventory.types and not inventory.aws.key:
         raise UsageError(f"{args.inventory}: a live run logs in to its EC2 instances over SSH: give aws.key, "
                          "the private key file of the key pair aws.key_name (or use --dry-run)")
+    if not args.dry_run:
+        _preflight(inventory)  # before a run directory, a sample or an agent: refusals cost nothing
 
     run_dir = Path(args.run_dir) if args.run_dir else None
     from broker.shells.journal import JOURNAL_FILE, Journal
@@ -161,6 +163,20 @@ def run(args: argparse.Namespace) -> int:
     run_dir = run_dir or RUNS_DIR / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     return _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_s)
+
+
+def _preflight(inventory) -> None:
+    """Ask AWS whether a live run can work (``broker/shells/aws/preflight.py``); every problem
+    at once, exit 2. An inventory without EC2 types needs no AWS: nothing is asked."""
+    from broker.config.errors import ConfigError
+    from broker.shells.aws.preflight import preflight
+
+    report = preflight(inventory)
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if report.problems:
+        raise ConfigError(report.problems)
+    print(f"preflight: {'; '.join(report.checked)}", file=sys.stderr, flush=True)
 
 
 def _fault_entries(args, inventory) -> list | None:
