@@ -23,6 +23,28 @@ The state directory ``D`` holds::
     journal      append-only Started / Result / Ack lines in the protocol's encoding
     out/<task>.<attempt>.stdout, .stderr    full outputs (an empty stream leaves no file)
 
+Every file the agent creates there is 0600 and every directory 0700, whatever the umask
+(created with those modes and set again with chmod); the directories above D it creates are
+0700 too. Tasks run with the umask the agent started with, or the one ``BROKER_TASK_UMASK``
+(octal) names: a broker that runs under umask 077 hands its user's umask on that way.
+
+Secrets. The values of the Run's ``env`` entries whose names look like credentials
+(``protocol.looks_secret``, the broker's own rule) are masked (``***``) in what the agent
+writes or sends: the journal, ``agent.log`` and the Results' tails and errors. Output files
+are named after the task id and attempt only and hold exactly what the task wrote (the
+task's output is the user's own): no header, nothing of its environment.
+
+Reaping. The agent makes itself the child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``,
+Linux): whatever a task starts and leaves behind, even a daemon that left the task's session
+(``setsid``) and double-forked, is re-parented to the agent instead of to init. Each such
+process is attributed to a task when it is first seen (by the ``BROKER_TASK`` /
+``BROKER_ATTEMPT`` / ``BROKER_AGENT_DIR`` it inherited, else to every task running then) and
+killed, with everything under it, once its tasks have ended, timed out or been cancelled;
+when the agent stops, all of them are killed. A new agent on a state directory first kills
+whatever still carries that directory in its environment (the tasks of an agent that died);
+:func:`kill_leftovers` does the same for ``broker down``. Without /proc or the prctl (not
+Linux) only the task's process group is killed, as before.
+
 Tasks. Each runs as ``/bin/sh -c COMMAND`` in its own process group, stdin from /dev/null,
 stdout and stderr straight into its two files (the agent is not in the data path, and a
 task never gets SIGPIPE because the agent died). Environment: the agent's, then the Run's
@@ -52,6 +74,8 @@ master already acknowledged it. Runs beyond ``slots`` wait in a queue, in arriva
 from __future__ import annotations
 
 import argparse
+import ctypes
+import dataclasses
 import fcntl
 import heapq
 import itertools
@@ -93,6 +117,9 @@ DAEMON_START_TIMEOUT_S = 10.0
 MAX_OUTPUT_ENV = "BROKER_AGENT_MAX_OUTPUT_BYTES"
 DEFAULT_MAX_OUTPUT_BYTES = 100 << 20
 EXIT_FLUSH_TIMEOUT_S = 5.0
+TASK_UMASK_ENV = "BROKER_TASK_UMASK"
+ORPHAN_SCAN_S = 1.0  # how often, while tasks run, newly adopted processes are attributed to them
+_PR_SET_CHILD_SUBREAPER = 36
 
 Key = Tuple[str, int]
 
@@ -132,6 +159,118 @@ def output_stem(task: str, attempt: int) -> str:
     if safe.startswith("."):
         safe = "%2E" + safe[1:]
     return f"{safe}.{attempt}"
+
+
+def private_open(path: str, flags: int) -> int:
+    """``os.open`` creating the file 0600 (set again, so no umask can widen or narrow it)."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def private_makedirs(path: str) -> None:
+    """``mkdir -p`` with each directory it creates 0700, and ``path`` itself made 0700."""
+    missing: List[str] = []
+    current = path
+    while not os.path.isdir(current) and os.path.dirname(current) != current:
+        missing.append(current)
+        current = os.path.dirname(current)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+        os.chmod(directory, 0o700)
+    os.chmod(path, 0o700)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _process_table() -> Dict[int, int]:
+    """pid -> parent pid of every live (not zombie) process, from /proc; {} without it."""
+    table: Dict[int, int] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return table
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields and fields[0] != b"Z":
+            table[int(name)] = int(fields[1])
+    return table
+
+
+def _marks(pid: int) -> Optional[Tuple[str, str, str]]:
+    """(BROKER_TASK, BROKER_ATTEMPT, BROKER_AGENT_DIR) in a process's environment, if all there."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read().split(b"\0")
+    except OSError:
+        return None
+    found: Dict[bytes, str] = {}
+    for entry in environ:
+        name, _, value = entry.partition(b"=")
+        if name in (b"BROKER_TASK", b"BROKER_ATTEMPT", b"BROKER_AGENT_DIR"):
+            found[name] = os.fsdecode(value)
+    if len(found) < 3:
+        return None
+    return found[b"BROKER_TASK"], found[b"BROKER_ATTEMPT"], found[b"BROKER_AGENT_DIR"]
+
+
+def _subtree(roots: List[int], table: Dict[int, int]) -> List[int]:
+    """``roots`` and every descendant of them in ``table``."""
+    children: Dict[int, List[int]] = {}
+    for pid, parent in table.items():
+        children.setdefault(parent, []).append(pid)
+    found: List[int] = []
+    stack = list(roots)
+    while stack:
+        pid = stack.pop()
+        if pid in found:
+            continue
+        found.append(pid)
+        stack.extend(children.get(pid, ()))
+    return found
+
+
+def _kill_all(pids: List[int]) -> int:
+    killed = 0
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except (ProcessLookupError, PermissionError):
+            pass
+    return killed
+
+
+def kill_leftovers(state_dir: str) -> int:
+    """SIGKILL every process (and its descendants) that carries ``state_dir`` as its
+    ``BROKER_AGENT_DIR``: the tasks of an agent that is gone. Returns how many were signalled.
+    Used by a new agent on that directory and by ``broker down`` after stopping the agent."""
+    state_dir = os.path.abspath(os.path.expanduser(state_dir))
+    own = {os.getpid(), os.getppid()}
+    table = _process_table()
+    roots = [pid for pid in table if pid not in own and (_marks(pid) or ("", "", ""))[2] == state_dir]
+    return _kill_all([pid for pid in _subtree(roots, table) if pid not in own])
+
+
+def _become_subreaper() -> bool:
+    """Make orphaned descendants re-parent to this process (Linux >= 3.4); False elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 # --------------------------------------------------------------------------- journal
@@ -185,12 +324,13 @@ class Journal:
         """Replace the journal by ``messages`` (atomically: a crash leaves old or new)."""
         data = b"".join(wire.encode(m) for m in messages)
         temporary = self.path + ".new"
-        with open(temporary, "wb") as f:
+        fd = private_open(temporary, os.O_WRONLY | os.O_TRUNC)
+        with open(fd, "wb") as f:
             f.write(data)
         os.replace(temporary, self.path)
         if self._fd >= 0:
             os.close(self._fd)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self._fd = private_open(self.path, os.O_WRONLY | os.O_APPEND)
         self._size = self._live_size = len(data)
 
     def append(self, message: wire.Message) -> None:
@@ -391,7 +531,7 @@ class Agent:
 
     def __init__(self, state_dir: str, slots: int, node: str, grace_s: float = 5.0,
                  idle_exit_s: float = 0.0, progress_poll_s: float = 0.25,
-                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> None:  # fmt: skip
+                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES, reap_orphans: bool = False) -> None:  # fmt: skip
         if slots < 1:
             raise ValueError("slots must be at least 1")
         if max_output_bytes < 0:
@@ -404,7 +544,12 @@ class Agent:
         self.idle_exit_s = idle_exit_s
         self.progress_poll_s = progress_poll_s
         self.out_dir = os.path.join(state_dir, OUT_DIR)
-        os.makedirs(self.out_dir, exist_ok=True)
+        private_makedirs(self.out_dir)
+        self.reap_orphans = reap_orphans  # we are the subreaper: adopted leftovers are ours to kill
+        self._adopted: Dict[int, Set[Key]] = {}  # re-parented to us: pid -> the tasks it may belong to
+        self._next_orphan_scan = 0.0
+        self._ended_since_scan: Set[Key] = set()  # tasks ended since the last scan (it is due)
+        self._secrets: Set[str] = set()  # secret values of the Runs seen: masked in what we write
         self._home = os.environ.get("HOME") or state_dir
         self._base_env = dict(os.environ)
         self._queued: Dict[Key, wire.Run] = {}
@@ -498,6 +643,8 @@ class Agent:
             deadlines.append(self._next_progress_at)
         if self._idle_exit_pending():
             deadlines.append(self._idle_since + self.idle_exit_s)
+        if self.reap_orphans and self._ended_since_scan:
+            deadlines.append(self._next_orphan_scan)
         return max(0.0, min(deadlines) - now) if deadlines else None
 
     def _finished(self) -> bool:
@@ -514,6 +661,7 @@ class Agent:
         return self.idle_exit_s > 0 and self._peer is None and not self._running and not self._queued
 
     def _close(self) -> None:
+        self._kill_orphans_at_exit()
         self._journal.flush()
         self._journal.close()
         peer = self._peer
@@ -670,6 +818,7 @@ class Agent:
     # ----------------------------------------------------------------- task lifecycle
 
     def _accept_run(self, peer: _Peer, run: wire.Run) -> None:
+        self._secrets.update(wire.secret_values(run.env))
         key = wire.key_of(run)
         task = self._running.get(key)
         if task is not None:
@@ -697,7 +846,7 @@ class Agent:
     def _start(self, run: wire.Run) -> None:
         stem = os.path.join(self.out_dir, output_stem(run.task, run.attempt))
         out_path, err_path = stem + ".stdout", stem + ".stderr"
-        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        flags = os.O_RDWR | os.O_TRUNC
         env = dict(self._base_env)
         env.update(run.env)
         env.update(BROKER_TASK=run.task, BROKER_ATTEMPT=str(run.attempt), BROKER_AGENT_DIR=self.state_dir)
@@ -718,8 +867,8 @@ class Agent:
             return
         fds: List[int] = []
         try:
-            fds.append(os.open(out_path, flags, 0o644))
-            fds.append(os.open(err_path, flags, 0o644))
+            fds.append(private_open(out_path, flags))
+            fds.append(private_open(err_path, flags))
             started_at = time.monotonic()
             pid = os.posix_spawn(
                 SHELL,
@@ -761,12 +910,15 @@ class Agent:
             if info is None:
                 return
             task = self._by_pid.pop(info.si_pid, None)
+            self._adopted.pop(info.si_pid, None)
             if task is not None:
                 self._signal_group(task, signal.SIGKILL)  # leftovers, while the group id is still ours
             os.waitpid(info.si_pid, 0)
             if task is not None:
                 exit_code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
                 self._finish(task, exit_code)
+                if self.reap_orphans:
+                    self._ended_since_scan.add(task.key)  # what it left is found at the next scan
 
     def _finish(self, task: _Task, exit_code: int) -> None:
         runtime_s = time.monotonic() - task.started_at
@@ -823,6 +975,12 @@ class Agent:
                 task.progress_offset, task.progress_carry = size, None  # resume after the hole
 
     def _record(self, result: wire.Result) -> None:
+        if self._secrets:
+            secrets = sorted(self._secrets, key=len, reverse=True)
+            result = dataclasses.replace(
+                result, stdout_tail=wire.mask_text(result.stdout_tail, secrets),
+                stderr_tail=wire.mask_text(result.stderr_tail, secrets),
+                error=None if result.error is None else wire.mask_text(result.error, secrets))
         self._results[wire.key_of(result)] = result
         self._journal.append(result)
         self._send(result)
@@ -881,6 +1039,9 @@ class Agent:
         if self._running and now >= self._next_progress_at:
             self._poll_progress(now)
             self._next_progress_at = now + self.progress_poll_s
+        if self.reap_orphans and (self._running or self._ended_since_scan) and now >= self._next_orphan_scan:
+            self._scan_orphans()  # at most once a second: a scan reads all of /proc
+            self._next_orphan_scan = now + ORPHAN_SCAN_S
 
     def _poll_progress(self, now: float) -> None:
         for task in self._running.values():
@@ -893,6 +1054,55 @@ class Agent:
                 self._send(wire.Progress(task.run.task, task.run.attempt, fraction, now - task.started_at))
         for task in self._running.values():
             self._cap_outputs(task)
+
+    # ----------------------------------------------------------------- leftovers
+
+    def _scan_orphans(self) -> None:
+        """Attribute the processes newly re-parented to us (the subreaper) to tasks, and kill,
+        with all under them, those whose tasks have all ended."""
+        if not self.reap_orphans:
+            return
+        table = _process_table()
+        me = os.getpid()
+        running = set(self._running)
+        ended, self._ended_since_scan = self._ended_since_scan, set()
+        for pid, parent in table.items():
+            if parent != me or pid in self._by_pid or pid in self._adopted:
+                continue
+            marks = _marks(pid)
+            if marks is not None and marks[2] == self.state_dir and marks[1].isdigit():
+                self._adopted[pid] = {(marks[0], int(marks[1]))}
+            else:  # it cleared its environment: any task running when it was found may own it
+                self._adopted[pid] = running | ended
+        for pid in [p for p in self._adopted if p not in table]:
+            del self._adopted[pid]
+        done = [pid for pid, owners in self._adopted.items() if not owners & running]
+        if done:
+            killed = _kill_all(_subtree(done, table))
+            log(f"killed {killed} process(es) that tasks no longer running had left behind "
+                f"(re-parented to the agent: {sorted(done)})")
+
+    def _kill_orphans_at_exit(self, timeout_s: float = 5.0) -> None:
+        """Nothing a task started outlives the agent: kill and reap every process left."""
+        if not self.reap_orphans:
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._scan_orphans()  # no task runs now: everything adopted is killed
+            table = _process_table()
+            if not any(parent == os.getpid() for parent in table.values()):
+                return
+            pause_until = time.monotonic() + 0.2
+            while time.monotonic() < pause_until:
+                try:
+                    pid, _ = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    return
+                if pid == 0:
+                    time.sleep(0.01)
+                else:
+                    self._adopted.pop(pid, None)
+        log(f"processes still left after {timeout_s:g} s: {sorted(self._adopted)}")
 
     # ----------------------------------------------------------------- journal upkeep
 
@@ -937,7 +1147,7 @@ class Agent:
 
 def _lock_state_dir(state_dir: str) -> Optional[int]:
     """Hold the state dir's lock for this process's life; None if another agent holds it."""
-    fd = os.open(os.path.join(state_dir, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = private_open(os.path.join(state_dir, LOCK_NAME), os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -948,8 +1158,19 @@ def _lock_state_dir(state_dir: str) -> Optional[int]:
 
 def _prepare_state_dir(path: str) -> str:
     state_dir = os.path.abspath(os.path.expanduser(path))
-    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    private_makedirs(state_dir)
     return state_dir
+
+
+def _task_umask() -> None:
+    """Run tasks (and so this process) with the umask ``BROKER_TASK_UMASK`` names, if valid."""
+    text = os.environ.get(TASK_UMASK_ENV, "")
+    try:
+        value = int(text, 8)
+    except ValueError:
+        return
+    if 0 <= value <= 0o777:
+        os.umask(value)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -960,10 +1181,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 1
         return 0  # lost a start-up race to another daemon: the attach reaches that one
     os.chdir(state_dir)
-    with open(PID_NAME, "w") as f:
+    with open(private_open(PID_NAME, os.O_WRONLY | os.O_TRUNC), "w") as f:
         f.write(f"{os.getpid()}\n")
+    _task_umask()
+    subreaper = _become_subreaper()
     agent = Agent(state_dir, args.slots, args.node, args.grace_s, args.idle_exit_s, args.progress_poll_s,
-                  args.max_output_bytes)  # fmt: skip
+                  args.max_output_bytes, reap_orphans=subreaper)  # fmt: skip
+    leftovers = kill_leftovers(state_dir)
+    if leftovers:
+        log(f"killed {leftovers} process(es) an earlier agent of {state_dir} had left running")
+    if not subreaper:
+        log("not a child subreaper (not Linux?): only each task's process group is killed when it ends")
     if args.stdio:
         agent.serve_stdio()
     else:
@@ -983,8 +1211,8 @@ def _connect() -> Optional[socket.socket]:
 
 def _start_daemon(args: argparse.Namespace, state_dir: str) -> subprocess.Popen:
     """The daemon in a session of its own, cut from our stdio, so it survives our channel."""
-    argv = [sys.executable, AGENT_FILE, "serve", "--state-dir", state_dir] + _common_argv(args)
-    with open(LOG_NAME, "ab") as log_file:
+    argv = [sys.executable, "-B", AGENT_FILE, "serve", "--state-dir", state_dir] + _common_argv(args)
+    with open(private_open(LOG_NAME, os.O_WRONLY | os.O_APPEND), "ab") as log_file:
         return subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,

@@ -161,7 +161,9 @@ def run(args: argparse.Namespace) -> int:
             return _execute(args, inventory, bag, goal, record.id, run_dir, scale, tick_s, margin_s, resume=record)
     run_id = new_run_id()
     run_dir = run_dir or RUNS_DIR / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
+    from broker.shells.private_files import private_dir
+
+    private_dir(run_dir)  # 0700, even one the user made beforehand
     return _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_s)
 
 

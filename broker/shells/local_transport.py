@@ -173,10 +173,21 @@ def local_agent_pid(state_dir: str | os.PathLike[str]) -> int | None:
 
 
 def stop_local_agent(state_dir: str | os.PathLike[str], timeout_s: float = 10.0) -> bool:
-    """Stop the daemon serving ``state_dir``: SIGTERM (it cancels its tasks), SIGKILL if slow.
+    """Stop the daemon serving ``state_dir``: SIGTERM (it cancels its tasks and kills what they
+    left), SIGKILL if slow; then kill whatever still carries the state dir in its environment
+    (what the tasks of an agent killed or gone had left: ``workers.agent.kill_leftovers``).
 
     Returns True if an agent was running. Its unacknowledged results stay in the journal.
     """
+    try:
+        return _stop_agent_process(state_dir, timeout_s)
+    finally:
+        from workers.agent import kill_leftovers
+
+        kill_leftovers(os.fspath(state_dir))
+
+
+def _stop_agent_process(state_dir: str | os.PathLike[str], timeout_s: float) -> bool:
     pid = local_agent_pid(state_dir)
     if pid is None:
         return False
