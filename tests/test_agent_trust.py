@@ -22,8 +22,10 @@ from tests.test_agent import agent_dir, connect, results_until, wait_until  # no
 from workers.protocol import Result, Run, Started
 
 # A daemon: a new session, a middle process that forks it and exits, the grandchild sleeping.
-# Its pid goes to PIDFILE. With CLEAR, it also starts with an empty environment.
-DAEMON = "{clear}setsid sh -c 'sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > {pidfile}' </dev/null >/dev/null 2>&1"
+# Its pid and its session id (the middle process's pid) go to PIDFILE. With CLEAR, it also
+# starts with an empty environment.
+DAEMON = ("{clear}setsid sh -c 'sleep 1000 </dev/null >/dev/null 2>&1 & echo \"$! $$\" > {pidfile}' "
+          "</dev/null >/dev/null 2>&1")
 
 
 def daemon_command(pidfile: Path, clear: bool = False, then: str = "") -> str:
@@ -41,7 +43,11 @@ def alive(pid: int) -> bool:
 
 def daemon_pid(pidfile: Path) -> int:
     assert wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), 5.0)
-    return int(pidfile.read_text())
+    return int(pidfile.read_text().split()[0])
+
+
+def daemon_session(pidfile: Path) -> int:
+    return int(pidfile.read_text().split()[1])
 
 
 @pytest.fixture
@@ -64,7 +70,7 @@ def test_a_daemon_a_task_started_is_killed_once_the_task_has_ended(agent_dir, tm
     results, _ = results_until(client, 1)
     assert results[("starter", 1)].exit_code == 0
     pids.append(daemon_pid(pidfile))
-    assert os.getsid(pids[0]) != os.getsid(local_agent_pid(agent_dir))  # it really left the task's session
+    assert daemon_session(pidfile) != os.getsid(local_agent_pid(agent_dir))  # it really left the task's session
     # The agent keeps running (no stop): the daemon is found at its next scan and killed.
     assert wait_until(lambda: not alive(pids[0]), 10.0), "the daemon outlived its task"
     assert local_agent_pid(agent_dir) is not None

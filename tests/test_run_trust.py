@@ -28,6 +28,19 @@ INVENTORY = ("private:\n  - {name: local, local: true, slots: 2}\n"
 TOKEN = "tok-live-4f9a8c1e2b7d6e5f"
 
 
+@pytest.fixture(autouse=True)
+def _nothing_left(tmp_path):
+    """Whatever a failing test leaves (daemons, tasks, agents of this test's dirs) is killed."""
+    yield
+    marks = f"BROKER_AGENT_DIR={tmp_path}".encode()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and any(e.startswith(marks) for e in (entry / "environ").read_bytes().split(b"\0")):
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass
+
+
 def _bag(tmp_path: Path, then: str, tasks: int) -> Path:
     pids = tmp_path / "pids"
     pids.mkdir()
@@ -52,7 +65,7 @@ def _env() -> dict:
 
 
 def _daemons(tmp_path: Path) -> list[int]:
-    return [int(p.read_text()) for p in (tmp_path / "pids").glob("*.pid") if p.read_text().strip()]
+    return [int(p.read_text().split()[0]) for p in (tmp_path / "pids").glob("*.pid") if p.read_text().strip()]
 
 
 def _left_running(run_dir: Path) -> list[int]:  # noqa: F811
@@ -106,3 +119,34 @@ def test_broker_down_after_the_broker_was_killed_leaves_no_process_of_its_tasks(
     assert down.returncode == 0, down.stderr[-3000:]
     assert [pid for pid in daemons if alive(pid)] == [] and _left_running(run_dir) == []
     assert_private_tree(run_dir)
+
+
+@pytest.mark.sshd
+@pytest.mark.slow
+def test_broker_down_stops_the_agent_of_a_private_node_over_ssh_and_what_its_tasks_left(sshd, tmp_path, run_dir):  # noqa: F811
+    """The broker is killed while tasks on a private node reached over SSH have detached
+    daemons: `broker down` logs in to the node, stops its agent and kills what the tasks left."""
+    from tests.test_live_private import _home_with_known_hosts, _inventory
+
+    bag = _bag(tmp_path, "sleep 600", tasks=4)
+    home = _home_with_known_hosts(tmp_path, sshd)
+    env = {**_env(), "HOME": str(home)}
+    broker = subprocess.Popen(
+        _broker_argv("run", "--dry-run", "--yes", "--inventory", str(_inventory(tmp_path, sshd)), str(bag),
+                     "--run-dir", str(run_dir), "--deadline", "10h", "--time-scale", "1"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_daemons(tmp_path)) < 2 and time.monotonic() < deadline and broker.poll() is None:
+            time.sleep(0.1)
+        assert len(_daemons(tmp_path)) >= 2, broker.stderr.read() if broker.poll() is not None else "no daemons"
+    finally:
+        broker.send_signal(signal.SIGKILL)
+        broker.wait()
+    daemons = _daemons(tmp_path)
+    assert all(alive(pid) for pid in daemons)
+    down = subprocess.run(_broker_argv("down", str(run_dir)), capture_output=True, text=True, timeout=120,
+                          cwd=REPO, env=env)
+    assert down.returncode == 0, down.stdout
+    assert "1 agent(s) stopped" in down.stdout, down.stdout
+    assert [pid for pid in daemons if alive(pid)] == []

@@ -6,6 +6,7 @@ that module from there when run as a script). Three ways to run it::
     python3 agent.py attach --state-dir D --slots N        # what the master execs
     python3 agent.py serve  --state-dir D --slots N        # the daemon, in the foreground
     python3 agent.py serve  --stdio --state-dir D --slots N
+    python3 agent.py stop   --state-dir D                  # what `broker down` runs over SSH
 
 ``attach`` connects to the daemon serving ``D`` (starting it in a new session first if none
 is running, so closing an SSH channel cannot kill it) and then copies its own stdin to the
@@ -260,6 +261,54 @@ def kill_leftovers(state_dir: str) -> int:
     table = _process_table()
     roots = [pid for pid in table if pid not in own and (_marks(pid) or ("", "", ""))[2] == state_dir]
     return _kill_all([pid for pid in _subtree(roots, table) if pid not in own])
+
+
+def agent_pid(state_dir: str) -> Optional[int]:
+    """The pid of the agent serving ``state_dir``, or None if none is alive. The pid file is
+    believed only while the state dir's lock is held, so a stale one never names a stranger."""
+    try:
+        fd = os.open(os.path.join(state_dir, LOCK_NAME), os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            with open(os.path.join(state_dir, PID_NAME)) as f:
+                return int(f.read().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def stop_agent(state_dir: str, timeout_s: float = 10.0) -> Tuple[bool, int]:
+    """Stop the agent serving ``state_dir`` (SIGTERM: it cancels its tasks and kills what they
+    left; SIGKILL after ``timeout_s``), then kill whatever still carries the state dir
+    (:func:`kill_leftovers`). Returns whether an agent ran, and how many leftovers were killed."""
+    state_dir = os.path.abspath(os.path.expanduser(state_dir))
+    pid = agent_pid(state_dir)
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            while agent_pid(state_dir) is not None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if agent_pid(state_dir) is not None:
+                os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pid is not None, kill_leftovers(state_dir)
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """``agent.py stop --state-dir D``: what ``broker down`` runs on a node it reaches by SSH."""
+    ran, killed = stop_agent(args.state_dir, args.timeout_s)
+    print(f"agent {'stopped' if ran else 'not running'}; {killed} leftover process(es) killed")
+    return 0
 
 
 def _become_subreaper() -> bool:
@@ -1294,6 +1343,10 @@ def _positive_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agent.py", description="The broker's worker agent.")
     sub = parser.add_subparsers(dest="command", required=True)
+    stop = sub.add_parser("stop", help="stop the agent of a state dir and kill what its tasks left")
+    stop.set_defaults(func=cmd_stop)
+    stop.add_argument("--state-dir", required=True, help="the agent's directory")
+    stop.add_argument("--timeout-s", type=float, default=10.0, help="SIGTERM to SIGKILL delay")
     commands: Dict[str, Callable[[argparse.Namespace], int]] = {"serve": cmd_serve, "attach": cmd_attach}
     for name, func in commands.items():
         p = sub.add_parser(name)
@@ -1322,7 +1375,7 @@ def _byte_count(text: str) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.max_output_bytes is None:
+    if getattr(args, "max_output_bytes", 0) is None:  # serve and attach; stop has none
         from_env = os.environ.get(MAX_OUTPUT_ENV)
         try:
             args.max_output_bytes = DEFAULT_MAX_OUTPUT_BYTES if from_env is None else _byte_count(from_env)
