@@ -46,7 +46,6 @@ import itertools
 import math
 import os
 import re
-import shlex
 import string
 from pathlib import Path
 from typing import Sequence
@@ -55,6 +54,7 @@ from broker.core.model import Bag, Task
 
 from .errors import ConfigError, Problem
 from .fields import Checker, describe, is_identifier, join, suggestion
+from .shell_words import SHELL_META, CommandFiller
 from .yamlsource import Node, load_yaml
 
 _TASK_SOURCES = ("command", "tasks_file", "csv")
@@ -219,7 +219,7 @@ def _sweep_tasks(
         return []
     try:
         used = _placeholders(template)
-        fill = _Filler(template, unquoted)
+        fill = CommandFiller(template, unquoted)
     except ValueError as exc:
         check.problem("command", f"bad template: {exc}", command_node.where)
         return []
@@ -281,15 +281,11 @@ def _unquoted(check: Checker, node: Node | None, sweep: dict[str, Sequence[objec
     return frozenset(names)
 
 
-# Characters the shell gives a meaning to (a value holding one is worth a warning).
-_SHELL_META = re.compile(r"[|&;<>()$`\\\"'*?\[\]#~{}!\n]")
-
-
 def _warn_shell_syntax(warn: Checker, sweep: dict[str, Sequence[object]], node: Node, unquoted: frozenset[str]) -> None:
     for name, values in sweep.items():
         if isinstance(values, range):  # integers: nothing to say
             continue
-        meta = [str(v) for v in dict.fromkeys(values) if _SHELL_META.search(str(v))]
+        meta = [str(v) for v in dict.fromkeys(values) if SHELL_META.search(str(v))]
         if not meta:
             continue
         shown = ", ".join(repr(v) for v in meta[:3]) + (f" and {len(meta) - 3} more" if len(meta) > 3 else "")
@@ -300,65 +296,6 @@ def _warn_shell_syntax(warn: Checker, sweep: dict[str, Sequence[object]], node: 
             message = (f"{len(meta)} value(s) hold shell metacharacters ({shown}): each is passed quoted, as "
                        f"text; list {name} under unquoted if they are meant as shell syntax")
         warn.problem(join("sweep", name), message, node.value[name].where)
-
-
-class _Filler:
-    """Fills a command template, quoting each value for the shell context of its placeholder.
-
-    The template is read once: for each placeholder, whether it sits outside quotes, inside
-    ``'...'`` or inside ``"..."`` (backslash escapes followed as POSIX sh does).
-    """
-
-    def __init__(self, template: str, unquoted: frozenset[str]) -> None:
-        self.parts: list[tuple[str, str | None, str, str | None, str]] = []
-        state, escaped = "none", False
-        for literal, field, spec, conversion in string.Formatter().parse(template):
-            state, escaped = _shell_state(literal, state, escaped)
-            if field is None:
-                self.parts.append((literal, None, "", None, state))
-                continue
-            if escaped:
-                raise ValueError(f"placeholder {{{field}}} follows a backslash, which would escape the first "
-                                 "character of its value: remove the backslash")
-            root = re.split(r"[.\[]", field, maxsplit=1)[0]
-            self.parts.append((literal, field, spec or "", conversion, "raw" if root in unquoted else state))
-
-    def __call__(self, params: dict[str, object]) -> str:
-        formatter = string.Formatter()
-        out: list[str] = []
-        for literal, field, spec, conversion, context in self.parts:
-            out.append(literal)
-            if field is None:
-                continue
-            value = formatter.convert_field(formatter.get_field(field, (), params)[0], conversion)
-            text = format(value, formatter.vformat(spec, (), params) if spec else "")
-            out.append(_QUOTERS[context](text))
-        return "".join(out)
-
-
-def _shell_state(text: str, state: str, escaped: bool) -> tuple[str, bool]:
-    """The quoting state after ``text``: ``none``, ``single`` or ``double``, and whether a
-    backslash that escapes the next character is pending."""
-    for char in text:
-        if escaped:
-            escaped = False
-        elif state == "single":
-            state = "none" if char == "'" else state
-        elif char == "\\":
-            escaped = True
-        elif state == "double":
-            state = "none" if char == '"' else state
-        elif char in "'\"":
-            state = "single" if char == "'" else "double"
-    return state, escaped
-
-
-_QUOTERS = {
-    "none": shlex.quote,
-    "single": lambda text: text.replace("'", "'\\''"),
-    "double": lambda text: re.sub(r'([\\"$`])', r"\\\1", text),
-    "raw": lambda text: text,
-}
 
 
 def _placeholders(template: str) -> list[str]:
