@@ -68,6 +68,23 @@ def _daemons(tmp_path: Path) -> list[int]:
     return [int(p.read_text().split()[0]) for p in (tmp_path / "pids").glob("*.pid") if p.read_text().strip()]
 
 
+def _kill_the_broker_once_daemons_run(tmp_path: Path, env: dict, *args: str) -> list[int]:
+    """``broker run --dry-run ARGS`` (real time), SIGKILLed once two tasks have detached their
+    daemons; returns the daemons' pids."""
+    broker = subprocess.Popen(_broker_argv("run", "--dry-run", "--yes", "--deadline", "10h", "--time-scale", "1",
+                                           *args),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_daemons(tmp_path)) < 2 and time.monotonic() < deadline and broker.poll() is None:
+            time.sleep(0.1)
+        assert len(_daemons(tmp_path)) >= 2, broker.stderr.read() if broker.poll() is not None else "no daemons"
+    finally:
+        broker.send_signal(signal.SIGKILL)
+        broker.wait()
+    return _daemons(tmp_path)
+
+
 def _left_running(run_dir: Path) -> list[int]:  # noqa: F811
     agents = run_dir / "agents"
     return agent_task_processes(list(agents.iterdir())) if agents.is_dir() else []
@@ -97,19 +114,8 @@ def test_a_finished_dry_run_leaves_only_private_files_and_no_process_of_its_task
 
 def test_broker_down_after_the_broker_was_killed_leaves_no_process_of_its_tasks(tmp_path, run_dir):  # noqa: F811
     bag = _bag(tmp_path, "sleep 600", tasks=4)
-    broker = subprocess.Popen(
-        _broker_argv("run", "--dry-run", "--yes", "--inventory", str(tmp_path / "inv.yaml"),
-                     str(bag), "--run-dir", str(run_dir), "--deadline", "10h", "--time-scale", "1"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env())
-    try:
-        deadline = time.monotonic() + 120
-        while len(_daemons(tmp_path)) < 2 and time.monotonic() < deadline and broker.poll() is None:
-            time.sleep(0.1)
-        assert len(_daemons(tmp_path)) >= 2, broker.stderr.read() if broker.poll() is not None else "no daemons"
-    finally:
-        broker.send_signal(signal.SIGKILL)
-        broker.wait()
-    daemons = _daemons(tmp_path)
+    daemons = _kill_the_broker_once_daemons_run(tmp_path, _env(), "--inventory", str(tmp_path / "inv.yaml"),
+                                                str(bag), "--run-dir", str(run_dir))
     assert all(alive(pid) for pid in daemons) and _left_running(run_dir)  # the killed broker left them all
     # Mid-run, with the journal's -wal and -shm still there: every file private already.
     checked = {p.name for p in assert_private_tree(run_dir)}
@@ -131,19 +137,8 @@ def test_broker_down_stops_the_agent_of_a_private_node_over_ssh_and_what_its_tas
     bag = _bag(tmp_path, "sleep 600", tasks=4)
     home = _home_with_known_hosts(tmp_path, sshd)
     env = {**_env(), "HOME": str(home)}
-    broker = subprocess.Popen(
-        _broker_argv("run", "--dry-run", "--yes", "--inventory", str(_inventory(tmp_path, sshd)), str(bag),
-                     "--run-dir", str(run_dir), "--deadline", "10h", "--time-scale", "1"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
-    try:
-        deadline = time.monotonic() + 120
-        while len(_daemons(tmp_path)) < 2 and time.monotonic() < deadline and broker.poll() is None:
-            time.sleep(0.1)
-        assert len(_daemons(tmp_path)) >= 2, broker.stderr.read() if broker.poll() is not None else "no daemons"
-    finally:
-        broker.send_signal(signal.SIGKILL)
-        broker.wait()
-    daemons = _daemons(tmp_path)
+    daemons = _kill_the_broker_once_daemons_run(tmp_path, env, "--inventory", str(_inventory(tmp_path, sshd)),
+                                                str(bag), "--run-dir", str(run_dir))
     assert all(alive(pid) for pid in daemons)
     down = subprocess.run(_broker_argv("down", str(run_dir)), capture_output=True, text=True, timeout=120,
                           cwd=REPO, env=env)
