@@ -133,3 +133,33 @@ def test_live_with_a_private_only_inventory_asks_nothing_of_aws(tmp_path, capsys
     assert main(["validate", str(inventory), "--live"]) == 0
     out = capsys.readouterr().out
     assert f"{inventory}: no EC2 types in the inventory: AWS is not needed, nothing was asked of it" in out
+
+
+def test_live_lists_the_files_problems_and_what_aws_says_at_once(tmp_path, capsys, monkeypatch):
+    """A key file that does not exist (the file's problem) and a type not offered (AWS's):
+    both in one report, so the user fixes both in one pass."""
+    import boto3
+    from moto import mock_aws
+
+    from test_aws_fleet import isolate_from_real_aws
+
+    isolate_from_real_aws(monkeypatch, tmp_path)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name="us-east-1")
+        ami = ec2.describe_images(Owners=["amazon"], Filters=[{"Name": "architecture", "Values": ["x86_64"]}])[
+            "Images"][0]["ImageId"]
+        ec2.create_key_pair(KeyName="k")
+        group = ec2.create_security_group(GroupName="broker", Description="broker")["GroupId"]
+        inventory = tmp_path / "inv.yaml"
+        inventory.write_text(
+            f"aws:\n  region: us-east-1\n  ami: {ami}\n  key_name: k\n  security_group: {group}\n"
+            f"  key: {tmp_path / 'no-such-key.pem'}\n"
+            "  types:\n    - {name: zz.huge, slots: 2, speed: 1, price: 0.1, limit: 2}\n"
+        )
+        assert main(["validate", str(inventory), "--live"]) == 2
+    err = capsys.readouterr().err
+    assert "2 problems found; nothing was started:" in err
+    assert "aws.key: SSH key file not found" in err
+    assert "aws.types.zz.huge: instance type 'zz.huge' is not offered in us-east-1" in err

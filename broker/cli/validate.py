@@ -50,13 +50,16 @@ def run(args: argparse.Namespace) -> int:
         inventory = load_inventory(args.inventory, live=args.live)
     except ConfigError as exc:
         problems += exc.problems
+        if args.live:  # what AWS says is listed too, when the file is valid but for live fields
+            inventory = _parsed_or_none(args.inventory)
     if args.bag is not None:
         try:
             bag = load_bag(args.bag, warnings=warnings)
         except ConfigError as exc:
             problems += exc.problems
     checked: list[str] = []
-    if args.live and inventory is not None and not problems:
+    asks_aws = inventory is not None and (not inventory.types or (inventory.aws.region and inventory.aws.ami))
+    if args.live and asks_aws:  # (without a region or an AMI, the file's problems say so already)
         report = live_preflight(inventory)
         problems += report.problems
         checked = report.checked
@@ -72,6 +75,13 @@ def run(args: argparse.Namespace) -> int:
     done = "live fields checked" if args.live else "add --live to check what a real run needs"
     print(f"valid ({done}); nothing was started")
     return 0
+
+
+def _parsed_or_none(path: str) -> Inventory | None:
+    try:
+        return load_inventory(path)
+    except ConfigError:
+        return None
 
 
 def live_preflight(inventory: Inventory):
