@@ -82,7 +82,7 @@ def test_a_daemon_of_a_task_still_running_is_left_alone_until_that_task_ends(age
     pidfile = tmp_path / "daemon.pid"
     client.submit([Run("server", 1, daemon_command(pidfile, then="; sleep 3"))])
     pids.append(daemon_pid(pidfile))
-    time.sleep(2.0)  # two scans while the task runs: its daemon is its own business
+    time.sleep(2.0)  # while the task runs, its daemon is its own business
     assert alive(pids[0])
     results_until(client, 1, timeout_s=10.0)
     assert wait_until(lambda: not alive(pids[0]), 10.0)
@@ -131,6 +131,23 @@ def test_broker_down_kills_the_daemons_of_an_agent_that_was_killed(agent_dir, tm
     stop_local_agent(agent_dir)
     assert wait_until(lambda: not alive(pids[0]), 5.0)
     client.close()
+
+
+def test_a_scan_reads_the_whole_process_table_only_when_something_new_was_re_parented(tmp_path, monkeypatch):
+    """Where the kernel lists a process's children (/proc/PID/task/PID/children), a scan after
+    a task ended costs one read unless a process the agent does not know is among them."""
+    import workers.agent as agent_module
+
+    agent = agent_module.Agent(str(tmp_path / "state"), 1, "node", reap_orphans=True)
+    tables = []
+    monkeypatch.setattr(agent_module, "_process_table", lambda: tables.append(1) or {})
+    monkeypatch.setattr(agent_module, "_children_of", lambda pid: set())
+    agent._ended_since_scan.add(("t", 1))
+    agent._scan_orphans()
+    assert tables == [] and not agent._ended_since_scan
+    monkeypatch.setattr(agent_module, "_children_of", lambda pid: {999_999_999})  # a stranger among them
+    agent._scan_orphans()
+    assert tables == [1]
 
 
 # -- secrets --------------------------------------------------------------------------------

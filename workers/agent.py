@@ -39,9 +39,10 @@ Reaping. The agent makes itself the child subreaper (``prctl(PR_SET_CHILD_SUBREA
 Linux): whatever a task starts and leaves behind, even a daemon that left the task's session
 (``setsid``) and double-forked, is re-parented to the agent instead of to init. Each such
 process is attributed to a task when it is first seen (by the ``BROKER_TASK`` /
-``BROKER_ATTEMPT`` / ``BROKER_AGENT_DIR`` it inherited, else to every task running then) and
-killed, with everything under it, once its tasks have ended, timed out or been cancelled;
-when the agent stops, all of them are killed. A new agent on a state directory first kills
+``BROKER_ATTEMPT`` / ``BROKER_AGENT_DIR`` it inherited, else to every task running or just
+ended then) and killed, with everything under it, once its tasks have ended, timed out or
+been cancelled: the agent looks after tasks end, at most once a second; when it stops, all
+of them are killed. A new agent on a state directory first kills
 whatever still carries that directory in its environment (the tasks of an agent that died);
 :func:`kill_leftovers` does the same for ``broker down``. Without /proc or the prctl (not
 Linux) only the task's process group is killed, as before.
@@ -206,6 +207,16 @@ def _process_table() -> Dict[int, int]:
         if fields and fields[0] != b"Z":
             table[int(name)] = int(fields[1])
     return table
+
+
+def _children_of(pid: int) -> Optional[Set[int]]:
+    """The direct children of ``pid`` (a single-threaded process) from
+    ``/proc/PID/task/PID/children``, cheap to read; None where the kernel lacks that file."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+            return {int(p) for p in f.read().split()}
+    except (OSError, ValueError):
+        return None
 
 
 def _marks(pid: int) -> Optional[Tuple[str, str, str]]:
@@ -1088,8 +1099,8 @@ class Agent:
         if self._running and now >= self._next_progress_at:
             self._poll_progress(now)
             self._next_progress_at = now + self.progress_poll_s
-        if self.reap_orphans and (self._running or self._ended_since_scan) and now >= self._next_orphan_scan:
-            self._scan_orphans()  # at most once a second: a scan reads all of /proc
+        if self.reap_orphans and self._ended_since_scan and now >= self._next_orphan_scan:
+            self._scan_orphans()  # after tasks ended, at most once a second: a scan may read all of /proc
             self._next_orphan_scan = now + ORPHAN_SCAN_S
 
     def _poll_progress(self, now: float) -> None:
@@ -1111,10 +1122,14 @@ class Agent:
         with all under them, those whose tasks have all ended."""
         if not self.reap_orphans:
             return
-        table = _process_table()
         me = os.getpid()
         running = set(self._running)
         ended, self._ended_since_scan = self._ended_since_scan, set()
+        children = _children_of(me)
+        if children is not None and children <= set(self._by_pid) | set(self._adopted) and all(
+                owners & running for owners in self._adopted.values()):
+            return  # nothing new re-parented to us, nothing due: the whole table is not needed
+        table = _process_table()
         for pid, parent in table.items():
             if parent != me or pid in self._by_pid or pid in self._adopted:
                 continue
