@@ -44,20 +44,17 @@ answer -> a greedy plan, ``heuristic``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import pulp
-
 from ..model import ExistingInstance, MachineType, PrivateNode
 from .capacity import WORK_RTOL, Catalogue, NewOffer, Ramp, least_time_s
+from .solver import OPTIMAL as SOLVED_OPTIMAL
+from .solver import Model, solve
 from .types import HEURISTIC, OPTIMAL, TIME_LIMIT, Extension, NewGroup, NoFeasiblePlan, Plan, PlanOptions, Work
-
-if hasattr(pulp, "set_v4_migration_warnings"):
-    pulp.set_v4_migration_warnings(False)
-
 
 def min_cost(
     types: Sequence[MachineType],
@@ -176,33 +173,31 @@ def _quanta_to(horizon_s: float, quantum_s: float) -> int:
     return max(1, math.ceil(horizon_s / quantum_s - 1e-9))
 
 
+@dataclass
+class _Ilp:
+    """The model being built: a ``solver.Model``, each column's capacity (reference seconds up
+    to the horizon) and the readers that turn a solution into a :class:`Choice`."""
+
+    model: Model = field(default_factory=Model)
+    capacity: dict[int, float] = field(default_factory=dict)
+    readers: list = field(default_factory=list)
+
+    def column(self, name: str, upper: float, usd: float, capacity_ref_s: float, integer: bool = True) -> int:
+        j = self.model.var(name, 0.0, upper, usd, integer)
+        if capacity_ref_s:
+            self.capacity[j] = capacity_ref_s
+        return j
+
+    def choice(self, values) -> Choice:
+        choice = Choice()
+        for read in self.readers:
+            read(choice, values)
+        return choice
+
+
 def _solve_ilp(catalogue: Catalogue, work: Work, model_s: float, horizon_s: float, options: PlanOptions) -> Plan:
     started = time.perf_counter()
     T = model_s
-    prob = pulp.LpProblem("min_cost", pulp.LpMinimize)
-    cap_terms: list = []
-    cost_terms: list = []
-    readers: list = []  # callables that turn solved variables into the Choice
-    n = len(catalogue.types)
-
-    def tie(index: int) -> float:
-        return options.tie_break_usd * (1.0 + index / (n + 1))
-
-    for offer in catalogue.new:
-        _new_type_terms(prob, offer, T, work, tie(offer.index), cap_terms, cost_terms, readers)
-    for k, group in enumerate(_interchangeable(catalogue.existing, T)):
-        tie_usd = 0.5 * tie(catalogue.types.index(group[0].type))
-        _existing_terms(prob, k, group, T, tie_usd, cap_terms, cost_terms, readers)
-    for k, p in enumerate(catalogue.private):
-        top = max(0.0, 1.0 - p.start_s / T)
-        if top <= 0:
-            continue
-        x = pulp.LpVariable(f"x_{k}", 0, top)
-        cap_terms.append(p.rate_per_s * T * x)
-        cost_terms.append(p.node.cost_per_hour * T / 3600.0 * x)
-        readers.append(lambda c, x=x, name=p.node.name: c.shares.__setitem__(name, float(x.value() or 0.0)))
-
-    prob += pulp.lpSum(cost_terms)
     # Running instances paid beyond the horizon have nothing to decide (``_existing_terms``
     # gives them no variables), but their capacity up to the horizon is there: the other
     # terms need only cover the rest. (Left out, a re-plan bought new machines for work the
@@ -211,35 +206,71 @@ def _solve_ilp(catalogue: Catalogue, work: Work, model_s: float, horizon_s: floa
     need = work.total_ref_s - fixed
     if need <= work.total_ref_s * WORK_RTOL:
         return assemble(catalogue, work, horizon_s, Choice(), OPTIMAL, _ms_since(started))
+    ilp = _build(catalogue, work, T, options)
     # The work row is normalized (right-hand side 1): capacities in reference seconds reach
     # 1e6-1e8, and on such rows CBC's feasibility pump has accepted a plan a few reference
-    # seconds short and then declared the model infeasible. If CBC still finds nothing, the
-    # row is tightened by one part in 1e6 and solved once more before the greedy fallback.
+    # seconds short and then declared the model infeasible. If a solver still finds nothing,
+    # or a plan short of the work, the row is tightened by one part in 1e6 and solved once
+    # more before the greedy fallback.
+    # The right-hand side leaves half the slack everything else allows (``WORK_RTOL``: the
+    # fastest-plan check, ``least_time_s``, the brute force in the tests) and the solvers'
+    # tolerance is a tenth of that, so a plan the solver accepts is one the rest accepts.
     scale = 1.0 / max(need, 1e-9)
-    for attempt, slack in enumerate((0.0, 1e-6)):
-        if attempt:
-            prob.constraints.pop("work")
-        prob += pulp.lpSum(cap_terms) * scale >= 1.0 + slack, "work"
-        prob.solve(_solver(options))
-        if prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-            break
-    if prob.sol_status == pulp.LpSolutionOptimal:
-        status = OPTIMAL
-    elif prob.sol_status == pulp.LpSolutionIntegerFeasible:
-        status = TIME_LIMIT
-    else:
-        choice = greedy_choice(catalogue, work, T)
-        return assemble(catalogue, work, horizon_s, choice, HEURISTIC, _ms_since(started))
-    choice = Choice()
-    for read in readers:
-        read(choice)
-    return assemble(catalogue, work, horizon_s, choice, status, _ms_since(started))
+    row = {j: cap * scale for j, cap in ilp.capacity.items()}
+    target = 1.0 - 0.5 * WORK_RTOL * work.total_ref_s * scale
+    ilp.model.row(row, target, math.inf, "work")
+    for slack in (0.0, 1e-6):
+        ilp.model.rows[-1] = (row, target + slack, math.inf, "work")
+        solution = solve(ilp.model, solver=options.solver, time_limit_s=options.time_limit_s,
+                         gap_rel=options.gap_rel, gap_abs=options.gap_abs_usd)
+        if not solution.feasible:
+            continue
+        plan = assemble(catalogue, work, horizon_s, ilp.choice(solution.values),
+                        OPTIMAL if solution.status == SOLVED_OPTIMAL else TIME_LIMIT, 0.0)
+        if sum(plan.capacity.values()) >= work.total_ref_s * (1 - WORK_RTOL):
+            return dataclasses.replace(plan, solve_ms=_ms_since(started))
+    choice = greedy_choice(catalogue, work, T)
+    return assemble(catalogue, work, horizon_s, choice, HEURISTIC, _ms_since(started))
 
 
-def _new_type_terms(prob, offer: NewOffer, T: float, work: Work, tie_usd: float, cap_terms, cost_terms, readers):
+def _build(catalogue: Catalogue, work: Work, T: float, options: PlanOptions) -> _Ilp:
+    ilp = _Ilp()
+    n = len(catalogue.types)
+
+    def tie(index: int) -> float:
+        return options.tie_break_usd * (1.0 + index / (n + 1))
+
+    for offer in catalogue.new:
+        _new_type_terms(ilp, offer, T, work, tie(offer.index))
+    for k, group in enumerate(_interchangeable(catalogue.existing, T)):
+        _existing_terms(ilp, k, group, T, 0.5 * tie(catalogue.types.index(group[0].type)))
+    for k, group in enumerate(_identical_private(catalogue.private)):
+        p = group[0]
+        top = max(0.0, 1.0 - p.start_s / T)
+        if top <= 0:
+            continue
+        # One column for the summed share of identical nodes, dealt out equally (which finishes
+        # soonest among splits of the same cost). Among equal-cost plans a private share is
+        # preferred (a small reward), so free nodes are used to the horizon, not left to chance.
+        usd = p.node.cost_per_hour * T / 3600.0 - 0.25 * options.tie_break_usd * (1.0 + k / (len(catalogue.private) + 1))
+        x = ilp.column(f"x_{k}", top * len(group), usd, p.rate_per_s * T, integer=False)
+        names = [q.node.name for q in group]
+        ilp.readers.append(lambda c, v, x=x, names=names: c.shares.update(
+            {name: v[x] / len(names) for name in names}))
+    return ilp
+
+
+def _identical_private(private) -> list[list]:
+    groups: dict[tuple, list] = {}
+    for p in private:
+        groups.setdefault((p.rate_per_s, p.start_s, p.node.cost_per_hour), []).append(p)
+    return list(groups.values())
+
+
+def _new_type_terms(ilp: _Ilp, offer: NewOffer, T: float, work: Work, tie_usd: float) -> None:
     i, r, start, q = offer.index, offer.rate_per_s, offer.start_s, offer.quantum_s
     top = _quanta_to(T, q)
-    chosen = []  # (variable, quanta) pairs counting against the limit
+    chosen = []  # columns counting against the limit
     if offer.linear_cost:
         candidates = [top, top - 1] if top >= 2 else [top]
     else:
@@ -248,22 +279,18 @@ def _new_type_terms(prob, offer: NewOffer, T: float, work: Work, tie_usd: float,
         cap = r * max(0.0, min(u * q, T) - start)
         if cap <= 0:
             continue
-        y = pulp.LpVariable(f"y_{i}_{u}", 0, offer.limit, cat="Integer")
-        cap_terms.append(cap * y)
-        cost_terms.append((offer.cost_usd(u) + tie_usd * u) * y)
+        y = ilp.column(f"y_{i}_{u}", offer.limit, offer.cost_usd(u) + tie_usd * u, cap)
         chosen.append(y)
-        readers.append(lambda c, y=y, u=u: c.add_new(i, u, _int(y)))
+        ilp.readers.append(lambda c, v, y=y, u=u: c.add_new(i, u, _int(v[y])))
     if offer.linear_cost and top >= 3 and (top - 2) * q > start:
-        delta = pulp.LpVariable(f"short_{i}", cat="Binary")
-        s = pulp.LpVariable(f"short_quanta_{i}", 0, top - 2, cat="Integer")
-        prob += s <= (top - 2) * delta
-        prob += s >= delta
-        cap_terms.append(r * q * s - r * start * delta)
-        cost_terms.append((offer.type.price_per_hour * q / 3600.0 + tie_usd) * s)
+        delta = ilp.column(f"short_{i}", 1, 0.0, -r * start)
+        s = ilp.column(f"short_quanta_{i}", top - 2, offer.type.price_per_hour * q / 3600.0 + tie_usd, r * q)
+        ilp.model.row({s: 1.0, delta: -(top - 2)}, upper=0.0)
+        ilp.model.row({s: 1.0, delta: -1.0}, lower=0.0)
         chosen.append(delta)
-        readers.append(lambda c, s=s, delta=delta: c.add_new(i, _int(s), _int(delta)))
+        ilp.readers.append(lambda c, v, s=s, delta=delta: c.add_new(i, _int(v[s]), _int(v[delta])))
     if chosen:
-        prob += pulp.lpSum(chosen) <= offer.limit, f"limit_{i}"
+        ilp.model.row({j: 1.0 for j in chosen}, upper=offer.limit, name=f"limit_{i}")
 
 
 def _interchangeable(existing, T: float) -> list[list]:
@@ -281,7 +308,7 @@ def _interchangeable(existing, T: float) -> list[list]:
     return list(groups.values())
 
 
-def _existing_terms(prob, k: int, group: list, T: float, tie_usd: float, cap_terms, cost_terms, readers):
+def _existing_terms(ilp: _Ilp, k: int, group: list, T: float, tie_usd: float) -> None:
     """The per-instance model (module docstring) summed over ``group``'s G equal instances:
     D = sum d, F = sum f, V = sum v with D + F <= G and V <= (U - 1) D. Any such (D, F, V) splits
     back into per-instance values, so the aggregate is exact; the reader deals them out in
@@ -290,22 +317,17 @@ def _existing_terms(prob, k: int, group: list, T: float, tie_usd: float, cap_ter
     size = len(group)
     r, q, start = old.rate_per_s, old.quantum_s, old.start_s
     top = _quanta_to(T - old.paid_s, q)
-    base = old.paid_s - start
-    d = pulp.LpVariable(f"use_{k}", 0, size, cat="Integer")
-    f = pulp.LpVariable(f"extend_full_{k}", 0, size, cat="Integer")
-    prob += d + f <= size
-    cap_terms.append(r * base * d + r * max(0.0, T - start) * f)
-    cost_terms.append((old.quantum_usd + tie_usd) * top * f)
+    d = ilp.column(f"use_{k}", size, 0.0, r * (old.paid_s - start))
+    f = ilp.column(f"extend_full_{k}", size, (old.quantum_usd + tie_usd) * top, r * max(0.0, T - start))
+    ilp.model.row({d: 1.0, f: 1.0}, upper=size)
     v = None
     if top >= 2:
-        v = pulp.LpVariable(f"extend_{k}", 0, (top - 1) * size, cat="Integer")
-        prob += v <= (top - 1) * d
-        cap_terms.append(r * q * v)
-        cost_terms.append((old.quantum_usd + tie_usd) * v)
+        v = ilp.column(f"extend_{k}", (top - 1) * size, old.quantum_usd + tie_usd, r * q)
+        ilp.model.row({v: 1.0, d: -(top - 1)}, upper=0.0)
     ids = [o.instance.id for o in group]
 
-    def read(c, f=f, v=v, top=top):
-        full, extra = _int(f), (_int(v) if v is not None else 0)
+    def read(c, values, f=f, v=v, top=top):
+        full, extra = _int(values[f]), (_int(values[v]) if v is not None else 0)
         for n, name in enumerate(ids):
             if n < full:
                 c.extra_quanta[name] = top
@@ -313,22 +335,11 @@ def _existing_terms(prob, k: int, group: list, T: float, tie_usd: float, cap_ter
                 c.extra_quanta[name] = min(top - 1, extra)
                 extra -= c.extra_quanta[name]
 
-    readers.append(read)
+    ilp.readers.append(read)
 
 
-def _int(var) -> int:
-    return int(round(var.value() or 0.0))
-
-
-def _solver(options: PlanOptions):
-    kwargs = dict(msg=False, timeLimit=options.time_limit_s, gapRel=options.gap_rel)
-    if options.solver == "cbc":
-        return pulp.PULP_CBC_CMD(**kwargs)
-    if options.solver == "highs":
-        if "HiGHS" not in pulp.listSolvers(onlyAvailable=True):
-            raise ValueError("PlanOptions.solver is 'highs' but pulp cannot find HiGHS (pip install highspy)")
-        return pulp.HiGHS(**kwargs)
-    raise ValueError(f"PlanOptions.solver must be cbc or highs, got {options.solver!r}")
+def _int(value: float) -> int:
+    return int(round(value))
 
 
 def _ms_since(started: float) -> float:

@@ -60,10 +60,12 @@ class PlanOptions:
     # Relative optimality gap. Catalogues whose types have nearly equal work per dollar (the
     # thesis catalogue) make proving a 1e-6 gap take seconds; 1e-3 (plans within 0.1% of the
     # cheapest) solves in tens of milliseconds. Tests that compare with brute force pass 1e-9.
-    gap_rel: float = 1e-3
-    # "cbc" (bundled with pulp) or "highs" (needs highspy). bench/bench_plan.py compares them:
-    # neither wins everywhere, and CBC is always there.
-    solver: str = "cbc"
+    gap_rel: float = 0.0
+    # Absolute optimality gap (USD): below the tie-break, so that equal-cost plans are told
+    # apart by it whatever solver ran (mincost's docstring).
+    gap_abs_usd: float = 1e-9
+    # "auto" (HiGHS in process, CBC without highspy), "highs" or "cbc": see plan/solver.py.
+    solver: str = "auto"
     tie_break_usd: float = 1e-7  # per new instance-quantum; see mincost's docstring
     bisect_tol_s: float = 10.0  # min_makespan stops bisecting when the bracket is this narrow
 
