@@ -8,8 +8,14 @@ B is at the least T with MinCost(T) <= B. The search:
 2. T_sat (beyond it nothing is cheaper): if MinCost(T_sat) > B, no plan fits the budget.
 3. Binary search over the quantum boundaries k q (q the finest planning quantum) for the
    least k with MinCost(k q) <= B, then bisect the bracket ((k-1) q, k q] down to
-   ``PlanOptions.bisect_tol_s``. The plan returned is the one solved at the bracket's upper end,
-   so its makespan is within the tolerance of the least feasible one.
+   ``PlanOptions.bisect_tol_s``. The plan returned is the last one found within the budget;
+   its makespan is within the tolerance of the least feasible one.
+
+Every plan found within the budget narrows the bracket to its makespan, not just to the
+horizon it was solved at: a plan that finishes by m is a plan for the deadline m (an instance
+kept past m is only dearer), so MinCost(m) <= B. Plans bought in whole quanta usually finish
+well before the horizon, which saves most of the bisection's solves. A horizon is never
+solved twice.
 
 The cheapest plan is the fastest plan whose cost equals MinCost(T_sat) (several plans often
 cost the same, e.g. one private node busy for a week or seven nodes busy for a day).
@@ -69,17 +75,10 @@ def fastest_within(catalogue: Catalogue, work: Work, budget_usd: float, options:
     if math.isnan(budget_usd) or budget_usd < 0:
         raise ValueError(f"a budget must be >= 0 USD, got {budget_usd!r}")
     t_fast = fastest_horizon(catalogue, work)
-    solve_ms = 0.0
-
-    def solve(horizon_s: float) -> Plan:
-        nonlocal solve_ms
-        plan = solve_at(catalogue, work, horizon_s, options)
-        solve_ms += plan.solve_ms
-        return plan
-
+    solve = _Solves(catalogue, work, options)
     fastest = solve(t_fast)
     if _fits(fastest.cost_usd, budget_usd):
-        return dataclasses.replace(fastest, solve_ms=solve_ms)
+        return solve.answer(fastest)
     t_sat = max(catalogue.saturation_horizon_s(work.total_ref_s), t_fast)
     quanta = [o.quantum_s for o in catalogue.new] + [o.quantum_s for o in catalogue.existing]
 
@@ -99,44 +98,64 @@ def fastest_within(catalogue: Catalogue, work: Work, budget_usd: float, options:
             )
         return cheapest
 
-    # invariant: MinCost(lo) > B >= MinCost(hi) = cost(best)
+    # Invariant: MinCost(lo) > B, and ``best`` costs <= B and finishes by hi. A plan solved at
+    # a horizon finishes by its makespan, so that (not the horizon) is the new upper end.
     if hint_s is not None and math.isfinite(hint_s) and t_fast < hint_s < t_sat:
         lo_s, hi_s, best = _gallop(solve, cheapest_or_raise, budget_usd, hint_s, t_fast, t_sat,
                                    min(quanta) if quanta else 60.0)
     else:
         lo_s, hi_s, best = t_fast, t_sat, cheapest_or_raise()
+    hi_s = min(hi_s, best.makespan_s)
     if quanta:
         q = min(quanta)
-        k_lo, k_hi = math.floor(lo_s / q) + 1, math.ceil(hi_s / q)
-        while k_lo < k_hi:  # least k in [k_lo, k_hi] with MinCost(k q) <= B (true at k_hi)
+        k_lo, k_hi = math.floor(lo_s / q) + 1, math.ceil(hi_s / q - 1e-9)
+        while k_lo < k_hi:  # least k in [k_lo, k_hi] with a plan within B by k q
             k = (k_lo + k_hi) // 2
             plan = solve(k * q)
             if _fits(plan.cost_usd, budget_usd):
-                k_hi, best = k, plan
+                best, hi_s = plan, min(hi_s, plan.makespan_s)
+                k_hi = min(k, math.ceil(hi_s / q - 1e-9))
             else:
-                k_lo = k + 1
-        if k_hi * q < hi_s:
-            hi_s = k_hi * q  # ``best`` was solved there
-        lo_s = max(lo_s, (k_hi - 1) * q)
+                k_lo, lo_s = k + 1, max(lo_s, k * q)
+        lo_s = max(lo_s, min((k_hi - 1) * q, hi_s))
     while hi_s - lo_s > options.bisect_tol_s:
         mid_s = (lo_s + hi_s) / 2
         plan = solve(mid_s)
         if _fits(plan.cost_usd, budget_usd):
-            hi_s, best = mid_s, plan
+            best, hi_s = plan, min(mid_s, plan.makespan_s)
         else:
             lo_s = mid_s
-    return dataclasses.replace(best, solve_ms=solve_ms)
+    return solve.answer(best)
+
+
+class _Solves:
+    """MinCost at a horizon, each horizon solved once; counts the solver's milliseconds."""
+
+    def __init__(self, catalogue: Catalogue, work: Work, options: PlanOptions):
+        self.catalogue, self.work, self.options = catalogue, work, options
+        self.plans: dict[float, Plan] = {}
+        self.solve_ms = 0.0
+
+    def __call__(self, horizon_s: float) -> Plan:
+        plan = self.plans.get(horizon_s)
+        if plan is None:
+            plan = self.plans[horizon_s] = solve_at(self.catalogue, self.work, horizon_s, self.options)
+            self.solve_ms += plan.solve_ms
+        return plan
+
+    def answer(self, plan: Plan) -> Plan:
+        return dataclasses.replace(plan, solve_ms=self.solve_ms)
 
 
 def _gallop(solve, cheapest_or_raise, budget_usd: float, hint_s: float, t_fast: float, t_sat: float,
             step_s: float) -> tuple[float, float, Plan]:
-    """A bracket (lo, hi, plan at hi) around the least feasible horizon, found from a hint:
-    solve at the hint, then step away from it by one quantum, two, four, ... until the
+    """A bracket (lo, hi, plan finishing by hi) around the least feasible horizon, found from
+    a hint: solve at the hint, then step away from it by one quantum, two, four, ... until the
     answer changes side. A good hint costs two or three solves instead of the log2 of the
     whole range."""
     plan = solve(hint_s)
     if _fits(plan.cost_usd, budget_usd):
-        hi_s, best, step = hint_s, plan, step_s
+        hi_s, best, step = min(hint_s, plan.makespan_s), plan, step_s
         while True:
             probe = hi_s - step
             if probe <= t_fast:
@@ -144,7 +163,7 @@ def _gallop(solve, cheapest_or_raise, budget_usd: float, hint_s: float, t_fast: 
             plan = solve(probe)
             if not _fits(plan.cost_usd, budget_usd):
                 return probe, hi_s, best
-            hi_s, best, step = probe, plan, 2 * step
+            hi_s, best, step = min(probe, plan.makespan_s), plan, 2 * step
     lo_s, step = hint_s, step_s
     while True:
         probe = lo_s + step

@@ -53,6 +53,12 @@ SOLVERS = ("auto", "highs", "cbc")
 # was faster on every model measured, so the crossover lies beyond what the planner builds.
 HIGHS_UP_TO_COLUMNS = math.inf
 
+# HiGHS restarts its search after the root node when it could fix many columns there. That
+# pays on re-plans with many running instances (64 launched a second apart, 192 columns: 28-56
+# CPU ms a solve without, 3 with) and costs on the small fresh-plan models (thesis, 17 columns:
+# 3-5 ms without, 7-12 with); measured with ``python3 bench/bench_plan.py --crossover``.
+RESTART_FROM_COLUMNS = 120
+
 # Feasibility tolerance given to the solvers (rows are scaled to O(1) by the model builder).
 FEASIBILITY_TOL = 1e-10
 
@@ -137,7 +143,6 @@ _HIGHS_OPTIONS = {
     "mip_heuristic_run_rins": False,
     "mip_heuristic_run_rens": False,
     "mip_heuristic_run_root_reduced_cost": False,
-    "mip_allow_restart": False,
     "mip_feasibility_tolerance": FEASIBILITY_TOL,
     "primal_feasibility_tolerance": FEASIBILITY_TOL,
     "random_seed": 0,
@@ -160,6 +165,7 @@ def _solve_highs(model: Model, time_limit_s: float, gap_rel: float, gap_abs: flo
         h.setOptionValue("time_limit", float(time_limit_s))
         h.setOptionValue("mip_rel_gap", float(gap_rel))
         h.setOptionValue("mip_abs_gap", float(gap_abs))
+        h.setOptionValue("mip_allow_restart", model.columns >= RESTART_FROM_COLUMNS)
         h.passModel(
             n, len(model.rows), len(index), 1, 1, 0.0,  # column-wise matrix, minimise, no offset
             np.array(model.cost, dtype=np.float64),
