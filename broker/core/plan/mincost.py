@@ -30,12 +30,15 @@ Instances the model cannot tell apart (one type, launched together) share these 
 summed over the group (integers up to its size), so CBC does not branch over which of many
 equal instances to keep.
 
-Tie-break: every new instance-quantum and short-instance quantum also costs
-``tie_break_usd x (1 + index / (n + 1))`` (index = the type's position in the inventory), and
-an extension quantum half that, so among equal-cost plans the solver prefers fewer paid
-quanta, then extending a running instance over launching an equal new one (which would leave
-the running one to idle out its paid time), then types listed earlier. The reported cost
-never includes it.
+Tie-break: among plans of equal cost the solver prefers fewer paid quanta, then instances
+kept equally long (the plan that finishes sooner), then extending a running instance over
+launching an equal new one (which would leave the running one to idle out its paid time),
+then types listed earlier, and a private node's share over nothing. A new instance kept u of
+U quanta also costs ``tie_break_usd x (1 + index / (n + 1)) x (u + u^2 / (U + 1))`` (index =
+the type's position in the inventory; convex in u, so 4 instances of 7 quanta beat 3 of 8 and
+one of 4), the short instance the chord of that over its range, an extension quantum half of
+the linear part (late instances: weighted by their order), a private share a reward of a
+quarter of it. The reported cost never includes it.
 
 Status is read from ``pulp.LpSolution[prob.sol_status]`` (``LpStatus`` says Optimal at a
 time limit): proven optimal -> ``optimal``; stopped with an incumbent -> ``time_limit``; no
@@ -247,8 +250,10 @@ def _build(catalogue: Catalogue, work: Work, T: float, options: PlanOptions) -> 
     ready, late = _running(catalogue.existing, T)
     for k, members in enumerate(ready):
         _ready_terms(ilp, k, members, T, 0.5 * tie(catalogue.types.index(members[0].type)))
-    for k, group in enumerate(_interchangeable(late, T)):
-        _existing_terms(ilp, k, group, T, 0.5 * tie(catalogue.types.index(group[0].type)))
+    groups = _interchangeable(late, T)
+    for k, group in enumerate(groups):
+        order = 1.0 + k / (len(groups) + 1)  # which of two late instances to extend: the first
+        _existing_terms(ilp, k, group, T, 0.5 * order * tie(catalogue.types.index(group[0].type)))
     for k, group in enumerate(_identical_private(catalogue.private)):
         p = group[0]
         top = max(0.0, 1.0 - p.start_s / T)
@@ -284,12 +289,13 @@ def _new_type_terms(ilp: _Ilp, offer: NewOffer, T: float, work: Work, tie_usd: f
         cap = r * max(0.0, min(u * q, T) - start)
         if cap <= 0:
             continue
-        y = ilp.column(f"y_{i}_{u}", offer.limit, offer.cost_usd(u) + tie_usd * u, cap)
+        y = ilp.column(f"y_{i}_{u}", offer.limit, offer.cost_usd(u) + tie_usd * (u + u * u / (top + 1)), cap)
         chosen.append(y)
         ilp.readers.append(lambda c, v, y=y, u=u: c.add_new(i, u, _int(v[y])))
     if offer.linear_cost and top >= 3 and (top - 2) * q > start:
         delta = ilp.column(f"short_{i}", 1, 0.0, -r * start)
-        s = ilp.column(f"short_quanta_{i}", top - 2, offer.type.price_per_hour * q / 3600.0 + tie_usd, r * q)
+        s = ilp.column(f"short_quanta_{i}", top - 2,
+                       offer.type.price_per_hour * q / 3600.0 + tie_usd * (1 + (top - 2) / (top + 1)), r * q)
         ilp.model.row({s: 1.0, delta: -(top - 2)}, upper=0.0)
         ilp.model.row({s: 1.0, delta: -1.0}, lower=0.0)
         chosen.append(delta)

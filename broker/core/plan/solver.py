@@ -143,6 +143,9 @@ _HIGHS_OPTIONS = {
     "mip_heuristic_run_rins": False,
     "mip_heuristic_run_rens": False,
     "mip_heuristic_run_root_reduced_cost": False,
+    # Branch on pseudo-costs after 2 strong-branching samples (default 8): an exact solve of
+    # the thesis catalogue near its fastest makespan took 490 CPU ms with 8, 75 with 2.
+    "mip_pscost_minreliable": 2,
     "mip_feasibility_tolerance": FEASIBILITY_TOL,
     "primal_feasibility_tolerance": FEASIBILITY_TOL,
     "random_seed": 0,
@@ -252,7 +255,10 @@ def _solve_cbc(model: Model, time_limit_s: float, gap_rel: float, gap_abs: float
             prob += pulp.LpConstraint(expr, pulp.LpConstraintGE, f"{name}_lo", lo)
         if not math.isinf(hi):
             prob += pulp.LpConstraint(expr, pulp.LpConstraintLE, f"{name}_hi", hi)
-    options = [f"primalT {FEASIBILITY_TOL}", f"integerT {FEASIBILITY_TOL}", f"allowableGap {gap_abs}"]
+    # ``increment``: CBC otherwise guesses a cutoff increment from the objective and prunes
+    # nodes that could still improve it by less (it returned plans 1e-6 dearer than HiGHS's).
+    options = [f"primalT {FEASIBILITY_TOL}", f"integerT {FEASIBILITY_TOL}", f"allowableGap {gap_abs}",
+               f"increment {max(gap_abs, 1e-12)}"]
     prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=gap_rel, options=options))
     if prob.sol_status == pulp.LpSolutionOptimal:
         status = OPTIMAL
