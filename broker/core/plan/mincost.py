@@ -107,11 +107,12 @@ def nothing_to_run_on() -> NoFeasiblePlan:
 
 @dataclass
 class Choice:
-    """Solver output in plain numbers: new[(type index, quanta)] = count, extra quanta, shares."""
+    """Solver output in plain numbers: new[(type index, quanta)] = count, extra quanta per
+    running instance, seconds each private node works (from its allowance on)."""
 
     new: dict[tuple[int, int], int] = field(default_factory=dict)
     extra_quanta: dict[str, int] = field(default_factory=dict)
-    shares: dict[str, float] = field(default_factory=dict)
+    busy_s: dict[str, float] = field(default_factory=dict)
 
     def add_new(self, index: int, quanta: int, count: int) -> None:
         if count > 0 and quanta > 0:
@@ -149,9 +150,10 @@ def assemble(
         extensions.append(Extension(old.instance.id, extra, old.instance.paid_until_s + extra * old.quantum_s))
     shares = {}
     for p in catalogue.private:
-        share = min(1.0, max(0.0, choice.shares.get(p.node.name, 0.0)))
-        shares[p.node.name] = share
-        busy_s = share * horizon_s
+        # Busy seconds, not a share: a plan solved at the saturation horizon and reported at a
+        # later deadline used to scale its private time (and cost) up with the deadline.
+        busy_s = min(horizon_s, max(0.0, choice.busy_s.get(p.node.name, 0.0)))
+        shares[p.node.name] = busy_s / horizon_s
         ramps.append(Ramp(p.rate_per_s, p.start_s, p.start_s + busy_s))
         capacity[p.node.name] = p.rate_per_s * busy_s
         cost_usd += p.node.cost_per_hour * busy_s / 3600.0
@@ -168,6 +170,48 @@ def assemble(
         capacity=capacity,
         horizon_s=horizon_s,
     )
+
+
+def choice_of(catalogue: Catalogue, plan: Plan) -> Choice:
+    """The instances of ``plan`` as a Choice (private time left out)."""
+    index = {o.type.name: o.index for o in catalogue.new}
+    choice = Choice()
+    for g in plan.new:
+        choice.add_new(index[g.type_name], g.quanta, g.count)
+    choice.extra_quanta.update((e.instance_id, e.extra_quanta) for e in plan.existing)
+    return choice
+
+
+def instance_usd(catalogue: Catalogue, choice: Choice) -> float:
+    offers = {o.index: o for o in catalogue.new}
+    usd = sum(count * offers[i].cost_usd(u) for (i, u), count in choice.new.items())
+    return usd + sum(choice.extra_quanta.get(o.instance.id, 0) * o.quantum_usd for o in catalogue.existing)
+
+
+def fit_private(catalogue: Catalogue, work: Work, horizon_s: float, choice: Choice) -> float | None:
+    """Give ``choice`` the cheapest private time that covers, with its instances, the work by
+    ``horizon_s``; return what it costs (None: not even all of it covers the work).
+
+    The fractional knapsack the solver's LP solves once the instances are fixed, solved here
+    the same way whichever solver ran: nodes by USD per reference second (inventory order
+    among equals, identical nodes equally), free nodes to the horizon. (Solvers stop within
+    their tolerance, and CBC left shares 1e-6 above what the plan needs.)"""
+    offers = {o.index: o for o in catalogue.new}
+    have = sum(count * Ramp(offers[i].rate_per_s, offers[i].start_s, u * offers[i].quantum_s).capacity(horizon_s)
+               for (i, u), count in choice.new.items())
+    have += sum(o.ramp(choice.extra_quanta.get(o.instance.id, 0)).capacity(horizon_s) for o in catalogue.existing)
+    need = work.total_ref_s * (1 - 0.5 * WORK_RTOL) - have
+    usd = 0.0
+    groups = _identical_private(catalogue.private)
+    choice.busy_s = {}
+    for _, k in sorted((group[0].cost_per_ref_s_usd(), k) for k, group in enumerate(groups)):
+        p, size = groups[k][0], len(groups[k])
+        top = max(0.0, horizon_s - p.start_s)
+        busy = top if p.node.cost_per_hour <= 0 else min(top, max(0.0, need) / (p.rate_per_s * size))
+        choice.busy_s.update((q.node.name, busy) for q in groups[k])
+        need -= busy * p.rate_per_s * size
+        usd += busy * p.node.cost_per_hour / 3600.0 * size
+    return usd if need <= 0.25 * WORK_RTOL * work.total_ref_s else None
 
 
 # -- the ILP -------------------------------------------------------------------------------------
@@ -203,6 +247,45 @@ class _Ilp:
 def _solve_ilp(catalogue: Catalogue, work: Work, model_s: float, horizon_s: float, options: PlanOptions) -> Plan:
     started = time.perf_counter()
     T = model_s
+    ilp = _model_at(catalogue, work, T, options)
+    if ilp is None:
+        return assemble(catalogue, work, horizon_s, Choice(), OPTIMAL, _ms_since(started))
+    # If a solver finds nothing, or a plan short of the work, the row is tightened by one part
+    # in 1e6 and solved once more before the greedy fallback.
+    row, lower, upper, name = ilp.model.rows[-1]
+    for slack in (0.0, 1e-6):
+        ilp.model.rows[-1] = (row, lower + slack, upper, name)
+        solution = solve(ilp.model, solver=options.solver, time_limit_s=options.time_limit_s,
+                         gap_rel=options.gap_rel, gap_abs=options.gap_abs_usd)
+        if not solution.feasible:
+            continue
+        choice = ilp.choice(solution.values)
+        solver_busy = dict(choice.busy_s)
+        if fit_private(catalogue, work, T, choice) is None:
+            choice.busy_s = solver_busy
+        plan = assemble(catalogue, work, horizon_s, choice, OPTIMAL if solution.status == SOLVED_OPTIMAL else TIME_LIMIT, 0.0)
+        if sum(plan.capacity.values()) >= work.total_ref_s * (1 - WORK_RTOL):
+            return dataclasses.replace(plan, solve_ms=_ms_since(started))
+    choice = greedy_choice(catalogue, work, T)
+    return assemble(catalogue, work, horizon_s, choice, HEURISTIC, _ms_since(started))
+
+
+def relaxed_cost(catalogue: Catalogue, work: Work, horizon_s: float, options: PlanOptions) -> float:
+    """The LP relaxation's cost at ``horizon_s`` (a lower bound on MinCost there; +inf if no
+    plan can meet it): a sub-millisecond estimate the budget search aims its first solve with."""
+    T = min(horizon_s, max(catalogue.saturation_horizon_s(work.total_ref_s),
+                           catalogue.fastest_horizon_s(work.total_ref_s)))
+    if catalogue.max_capacity_ref_s(T) < work.total_ref_s * (1 - WORK_RTOL):
+        return math.inf
+    ilp = _model_at(catalogue, work, T, options)
+    if ilp is None:
+        return 0.0
+    solution = solve(ilp.model, solver=options.solver, time_limit_s=options.time_limit_s, relax=True)
+    return solution.objective if solution.feasible else math.inf
+
+
+def _model_at(catalogue: Catalogue, work: Work, T: float, options: PlanOptions) -> _Ilp | None:
+    """The ILP at horizon T, its work row last; None when nothing needs deciding."""
     # Running instances paid beyond the horizon have nothing to decide (``_existing_terms``
     # gives them no variables), but their capacity up to the horizon is there: the other
     # terms need only cover the rest. (Left out, a re-plan bought new machines for work the
@@ -211,31 +294,17 @@ def _solve_ilp(catalogue: Catalogue, work: Work, model_s: float, horizon_s: floa
     ilp = _build(catalogue, work, T, options)
     need = work.total_ref_s - fixed - ilp.fixed_ref_s
     if need <= work.total_ref_s * WORK_RTOL:
-        return assemble(catalogue, work, horizon_s, Choice(), OPTIMAL, _ms_since(started))
+        return None
     # The work row is normalized (right-hand side 1): capacities in reference seconds reach
     # 1e6-1e8, and on such rows CBC's feasibility pump has accepted a plan a few reference
-    # seconds short and then declared the model infeasible. If a solver still finds nothing,
-    # or a plan short of the work, the row is tightened by one part in 1e6 and solved once
-    # more before the greedy fallback.
-    # The right-hand side leaves half the slack everything else allows (``WORK_RTOL``: the
-    # fastest-plan check, ``least_time_s``, the brute force in the tests) and the solvers'
-    # tolerance is a tenth of that, so a plan the solver accepts is one the rest accepts.
+    # seconds short and then declared the model infeasible. The right-hand side leaves half
+    # the slack everything else allows (``WORK_RTOL``: the fastest-plan check,
+    # ``least_time_s``, the brute force in the tests) and the solvers' tolerance is a tenth of
+    # that, so a plan the solver accepts is one the rest accepts.
     scale = 1.0 / max(need, 1e-9)
     row = {j: cap * scale for j, cap in ilp.capacity.items()}
-    target = 1.0 - 0.5 * WORK_RTOL * work.total_ref_s * scale
-    ilp.model.row(row, target, math.inf, "work")
-    for slack in (0.0, 1e-6):
-        ilp.model.rows[-1] = (row, target + slack, math.inf, "work")
-        solution = solve(ilp.model, solver=options.solver, time_limit_s=options.time_limit_s,
-                         gap_rel=options.gap_rel, gap_abs=options.gap_abs_usd)
-        if not solution.feasible:
-            continue
-        plan = assemble(catalogue, work, horizon_s, ilp.choice(solution.values),
-                        OPTIMAL if solution.status == SOLVED_OPTIMAL else TIME_LIMIT, 0.0)
-        if sum(plan.capacity.values()) >= work.total_ref_s * (1 - WORK_RTOL):
-            return dataclasses.replace(plan, solve_ms=_ms_since(started))
-    choice = greedy_choice(catalogue, work, T)
-    return assemble(catalogue, work, horizon_s, choice, HEURISTIC, _ms_since(started))
+    ilp.model.row(row, 1.0 - 0.5 * WORK_RTOL * work.total_ref_s * scale, math.inf, "work")
+    return ilp
 
 
 def _build(catalogue: Catalogue, work: Work, T: float, options: PlanOptions) -> _Ilp:
@@ -265,8 +334,8 @@ def _build(catalogue: Catalogue, work: Work, T: float, options: PlanOptions) -> 
         usd = p.node.cost_per_hour * T / 3600.0 - 0.25 * options.tie_break_usd * (1.0 + k / (len(catalogue.private) + 1))
         x = ilp.column(f"x_{k}", top * len(group), usd, p.rate_per_s * T, integer=False)
         names = [q.node.name for q in group]
-        ilp.readers.append(lambda c, v, x=x, names=names: c.shares.update(
-            {name: v[x] / len(names) for name in names}))
+        ilp.readers.append(lambda c, v, x=x, names=names: c.busy_s.update(
+            {name: v[x] * T / len(names) for name in names}))
     return ilp
 
 
@@ -468,7 +537,7 @@ def greedy_choice(catalogue: Catalogue, work: Work, T: float) -> Choice:
     for k, p in enumerate(catalogue.private):
         busy_s = max(0.0, T - p.start_s)
         if busy_s > 0:
-            set_share = lambda c, a, p=p, b=busy_s: c.shares.__setitem__(p.node.name, a * b / T)
+            set_share = lambda c, a, p=p, b=busy_s: c.busy_s.__setitem__(p.node.name, a * b)
             units.append(_Unit(p.cost_per_ref_s_usd(), (1, k), p.rate_per_s * busy_s, 1, True, set_share))
     for offer in catalogue.new:
         top = _quanta_to(T, offer.quantum_s)

@@ -32,8 +32,6 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import Sequence
-
 import numpy as np
 
 try:  # imported here, so that ``import broker.core.plan`` pays for it before any clock starts
@@ -117,14 +115,21 @@ def pick_solver(model: Model, solver: str) -> str:
     return solver
 
 
+def in_process(solver: str) -> bool:
+    """Whether ``solver`` (a PlanOptions.solver value) solves in this process (HiGHS)."""
+    return solver == "highs" or (solver == "auto" and highs_available() and HIGHS_UP_TO_COLUMNS > 0)
+
+
 def solve(model: Model, *, solver: str = "auto", time_limit_s: float = 2.0, gap_rel: float = 1e-3,
-          gap_abs: float = 1e-9, start: Sequence[float] | None = None) -> Solution:
-    """Solve ``model``; ``start``: a feasible point to begin from (HiGHS only; CBC ignores it)."""
+          gap_abs: float = 1e-9, relax: bool = False) -> Solution:
+    """Solve ``model``; ``relax``: drop integrality (the LP relaxation)."""
     if not (time_limit_s > 0 and gap_rel >= 0 and gap_abs >= 0):
         raise ValueError(f"need time_limit_s > 0 and gaps >= 0, got {time_limit_s}, {gap_rel}, {gap_abs}")
+    if relax:
+        model = Model(model.names, model.cost, model.lower, model.upper, [False] * model.columns, model.rows)
     chosen = pick_solver(model, solver)
     if chosen == "highs":
-        return _solve_highs(model, time_limit_s, gap_rel, gap_abs, start)
+        return _solve_highs(model, time_limit_s, gap_rel, gap_abs)
     return _solve_cbc(model, time_limit_s, gap_rel, gap_abs)
 
 
@@ -156,8 +161,7 @@ def highs_available() -> bool:
     return highspy is not None
 
 
-def _solve_highs(model: Model, time_limit_s: float, gap_rel: float, gap_abs: float,
-                 start: Sequence[float] | None) -> Solution:
+def _solve_highs(model: Model, time_limit_s: float, gap_rel: float, gap_abs: float) -> Solution:
     n = model.columns
     starts, index, value = _columnwise(model)
     inf = highspy.kHighsInf
@@ -180,8 +184,6 @@ def _solve_highs(model: Model, time_limit_s: float, gap_rel: float, gap_abs: flo
             np.array(value, dtype=np.float64),
             np.array([1 if k else 0 for k in model.integer], dtype=np.int32),
         )
-        if start is not None:
-            h.setSolution(n, np.arange(n, dtype=np.int32), np.array(start, dtype=np.float64))
         status = h.run()
         if status == highspy.HighsStatus.kError:
             # Another HiGHS user in this process started the shared scheduler with more
