@@ -57,7 +57,7 @@ from typing import Sequence
 from ..model import ExistingInstance, MachineType, PrivateNode
 from .capacity import WORK_RTOL, Catalogue, NewOffer, Ramp, least_time_s
 from .solver import OPTIMAL as SOLVED_OPTIMAL
-from .solver import Model, solve
+from .solver import Model, lp_solver, solve
 from .types import HEURISTIC, OPTIMAL, TIME_LIMIT, Extension, NewGroup, NoFeasiblePlan, Plan, PlanOptions, Work
 
 def min_cost(
@@ -280,7 +280,10 @@ def relaxed_cost(catalogue: Catalogue, work: Work, horizon_s: float, options: Pl
     ilp = _model_at(catalogue, work, T, options)
     if ilp is None:
         return 0.0
-    solution = solve(ilp.model, solver=options.solver, time_limit_s=options.time_limit_s, relax=True)
+    solver = lp_solver(options.solver)
+    if solver is None:
+        raise ValueError("relaxed_cost needs HiGHS (highspy)")
+    solution = solve(ilp.model, solver=solver, time_limit_s=options.time_limit_s, relax=True)
     return solution.objective if solution.feasible else math.inf
 
 

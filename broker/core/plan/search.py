@@ -33,7 +33,7 @@ from broker.config.durations import format_duration
 from ..model import ExistingInstance, MachineType, PrivateNode
 from .capacity import Catalogue
 from .mincost import assemble, choice_of, fit_private, instance_usd, nothing_to_run_on, relaxed_cost, solve_at
-from .solver import in_process
+from .solver import lp_solver
 from .types import NoFeasiblePlan, Plan, PlanOptions, Work
 
 
@@ -165,7 +165,7 @@ def _relaxed_hint(catalogue: Catalogue, work: Work, budget_usd: float, t_fast: f
     from the binary search over the whole range (halved geometrically while it spans more
     than a factor of 2: T_sat can be 1,000 times T_fast). Only with HiGHS: an LP through CBC
     starts a process each time."""
-    if not in_process(options.solver) or not math.isfinite(t_sat):
+    if lp_solver(options.solver) is None or not math.isfinite(t_sat):
         return None
 
     def fits(horizon_s: float) -> bool:

@@ -16,11 +16,12 @@ Solvers (``PlanOptions.solver``):
             worker pool cost 5-20 ms per solve of a 36-column model that takes 1 ms alone.
     cbc     pulp's bundled CBC: the model goes through an MPS file and a process (4-7 ms to
             start), and ``pulp.LpStatus`` says Optimal at a time limit, so ``sol_status`` is read.
-    auto    HiGHS, or CBC when highspy is not installed. ``bench/bench_plan.py --crossover``
-            measures both on models of growing size (the thesis catalogues, 20 per-second
-            types, re-plans with 64 running machines, and random catalogues of up to 60 types
-            at 4 billing schemes); on every one of them HiGHS was faster, so no crossover
-            applies (see ``HIGHS_UP_TO_COLUMNS``).
+    auto    by model size: HiGHS up to ``HIGHS_UP_TO_COLUMNS`` columns, CBC beyond (or always,
+            without highspy). ``bench/bench_plan.py --crossover`` measures both on the thesis
+            catalogues, 20 per-second types, re-plans with 64 running machines and random
+            catalogues of 5-60 types under 4 billing schemes. Racing the two was not worth it
+            here: outside a narrow band (80-110 columns) one of them wins on most models, and a
+            race would take both of this machine's 2 cores for every solve.
 
 Both solvers are run to the same gaps: ``gap_rel`` and an absolute gap below the planner's
 tie-break, so that equal-cost plans are told apart by the tie-break in the objective and the
@@ -47,15 +48,12 @@ NONE = "none"
 SOLVERS = ("auto", "highs", "cbc")
 
 # ``auto`` picks HiGHS for models up to this many columns and CBC beyond. Measured with
-# ``python3 bench/bench_plan.py --crossover`` (models of 17 to 1,400 columns): HiGHS in process
-# was faster on every model measured, so the crossover lies beyond what the planner builds.
-HIGHS_UP_TO_COLUMNS = math.inf
-
-# HiGHS restarts its search after the root node when it could fix many columns there. That
-# pays on re-plans with many running instances (64 launched a second apart, 192 columns: 28-56
-# CPU ms a solve without, 3 with) and costs on the small fresh-plan models (thesis, 17 columns:
-# 3-5 ms without, 7-12 with); measured with ``python3 bench/bench_plan.py --crossover``.
-RESTART_FROM_COLUMNS = 120
+# ``python3 bench/bench_plan.py --crossover`` (CPU ms, CBC's process included, exact solves):
+# up to 90 columns HiGHS was faster on 22 of 25 models (thesis x20: 10-17 against 75-82;
+# 64 running machines: 2-8 against 8-20); from 115 columns CBC was faster on 7 of 9 and tied
+# on the other two (60 per-second types, 240 columns: HiGHS 725, CBC 37); at 80 columns
+# each won twice.
+HIGHS_UP_TO_COLUMNS = 100
 
 # Feasibility tolerance given to the solvers (rows are scaled to O(1) by the model builder).
 FEASIBILITY_TOL = 1e-10
@@ -115,9 +113,12 @@ def pick_solver(model: Model, solver: str) -> str:
     return solver
 
 
-def in_process(solver: str) -> bool:
-    """Whether ``solver`` (a PlanOptions.solver value) solves in this process (HiGHS)."""
-    return solver == "highs" or (solver == "auto" and highs_available() and HIGHS_UP_TO_COLUMNS > 0)
+def lp_solver(solver: str) -> str | None:
+    """The solver for LP relaxations under ``solver`` (a PlanOptions.solver value): HiGHS in
+    process whenever it is there (an LP through CBC starts a process), None with CBC only."""
+    if solver == "cbc" or not highs_available():
+        return None
+    return "highs"
 
 
 def solve(model: Model, *, solver: str = "auto", time_limit_s: float = 2.0, gap_rel: float = 1e-3,
@@ -148,9 +149,12 @@ _HIGHS_OPTIONS = {
     "mip_heuristic_run_rins": False,
     "mip_heuristic_run_rens": False,
     "mip_heuristic_run_root_reduced_cost": False,
-    # Branch on pseudo-costs after 2 strong-branching samples (default 8): an exact solve of
-    # the thesis catalogue near its fastest makespan took 490 CPU ms with 8, 75 with 2.
-    "mip_pscost_minreliable": 2,
+    "mip_allow_restart": False,
+    # Branch on pseudo-costs without waiting for strong-branching samples (default: 8). On 22
+    # models (thesis and 20-type catalogues at 5 deadlines, re-plans, the thesis catalogue
+    # just past its fastest makespan) an exact solve took 171 CPU ms in all with 0, 354 with
+    # 2 and 413 with 8; the hardest (thesis x20 at 27 h) 20, 198 and 265 ms.
+    "mip_pscost_minreliable": 0,
     "mip_feasibility_tolerance": FEASIBILITY_TOL,
     "primal_feasibility_tolerance": FEASIBILITY_TOL,
     "random_seed": 0,
@@ -172,7 +176,6 @@ def _solve_highs(model: Model, time_limit_s: float, gap_rel: float, gap_abs: flo
         h.setOptionValue("time_limit", float(time_limit_s))
         h.setOptionValue("mip_rel_gap", float(gap_rel))
         h.setOptionValue("mip_abs_gap", float(gap_abs))
-        h.setOptionValue("mip_allow_restart", model.columns >= RESTART_FROM_COLUMNS)
         h.passModel(
             n, len(model.rows), len(index), 1, 1, 0.0,  # column-wise matrix, minimise, no offset
             np.array(model.cost, dtype=np.float64),
