@@ -20,8 +20,10 @@ The baseline tree is ``git archive``d into a temporary directory; each tree runs
 process (``--worker``), in alternating rounds, and each case reports the median over all
 repetitions. This machine is shared (2 cores, several engineers): CPU time (the process's
 and its children's: CBC runs as a child) is the figure to read, wall time is shown beside it;
-old/new are ratios of medians. Costs: the baseline solved to a 0.1% gap, this tree exactly,
-so a cost may only go down; "same plan" compares this tree's HiGHS and CBC plans (exact).
+old/new are ratios of medians. Costs: the baseline solved to a 0.1% gap, this tree exactly
+(default options), so a cost may only go down; a second table runs this tree at the
+baseline's gap, to compare the solvers alone. "Same plan" compares this tree's HiGHS and CBC
+plans (exact) on the thesis solve cases.
 """
 
 from __future__ import annotations
@@ -102,8 +104,10 @@ def t_fast(types, private, work) -> float:
 
 def cases():
     """(name, kind, thunk) for every timed case; a thunk returns a Plan or a list of Plans."""
-    from broker.core.plan import Work, fluid_lower_bound, min_cost, min_makespan, pareto_front
+    from broker.core.plan import PlanOptions, Work, fluid_lower_bound, min_cost, min_makespan, pareto_front
 
+    # BENCH_GAP_REL: this tree at another gap (0.001: the baseline's, to compare solvers alone)
+    o = PlanOptions(gap_rel=float(os.environ["BENCH_GAP_REL"])) if os.environ.get("BENCH_GAP_REL") else PlanOptions()
     lm = lm_work(100_000)
     out = []
     for count in (20, 60):
@@ -111,25 +115,25 @@ def cases():
         fast = t_fast(types, private, lm)
         for f in THESIS_FACTORS:
             out.append((f"thesis x{count} solve at {f:g} Tf", "thesis_solve",
-                        lambda t=types, p=private, d=f * fast: min_cost(t, p, lm, d)))
+                        lambda t=types, p=private, d=f * fast: min_cost(t, p, lm, d, options=o)))
         out.append((f"thesis x{count} 24-point front", "front",
-                    lambda t=types, p=private: pareto_front(t, p, lm, max_points=24)))
+                    lambda t=types, p=private: pareto_front(t, p, lm, max_points=24, options=o)))
         budget = 1.01 * fluid_lower_bound(types, private, lm, 2 * fast)
         out.append((f"thesis x{count} budget ${budget:.0f}", "search",
-                    lambda t=types, p=private, b=budget: min_makespan(t, p, lm, b)))
+                    lambda t=types, p=private, b=budget: min_makespan(t, p, lm, b, options=o)))
     types, private = per_second_20()
     work = Work(2_000_000.0, 20_000, 100.0)
     out.append(("20 types per-second solve", "other_solve",
-                lambda t=types, w=work, d=1.5 * t_fast(types, private, work): min_cost(t, [], w, d)))
-    out.append(("20 types per-second front", "other_front", lambda t=types, w=work: pareto_front(t, [], w)))
+                lambda t=types, w=work, d=1.5 * t_fast(types, private, work): min_cost(t, [], w, d, options=o)))
+    out.append(("20 types per-second front", "other_front", lambda t=types, w=work: pareto_front(t, [], w, options=o)))
     replan = Work(500 * 900.0, 500, 900.0, 134.0)
     for staggered in (False, True):
         types, existing = running_fleet(staggered)
         label = "1 s apart" if staggered else "2 batches"
         out.append((f"64 running ({label}) solve 4h", "replan",
-                    lambda t=types, e=existing: min_cost(t, [], replan, 4 * 3600.0, existing=e, now_s=1800.0)))
+                    lambda t=types, e=existing: min_cost(t, [], replan, 4 * 3600.0, existing=e, now_s=1800.0, options=o)))
         out.append((f"64 running ({label}) budget $340", "replan",
-                    lambda t=types, e=existing: min_makespan(t, [], replan, 340.0, existing=e, now_s=1800.0)))
+                    lambda t=types, e=existing: min_makespan(t, [], replan, 340.0, existing=e, now_s=1800.0, options=o)))
     return out
 
 
@@ -183,8 +187,8 @@ def same_plan_check() -> tuple[int, int, list[str]]:
 # -- the driver ---------------------------------------------------------------------------------
 
 
-def run_worker(tree: str, repeat: int) -> list[dict]:
-    env = dict(os.environ, PYTHONPATH=tree)
+def run_worker(tree: str, repeat: int, gap_rel: str = "") -> list[dict]:
+    env = dict(os.environ, PYTHONPATH=tree, BENCH_GAP_REL=gap_rel)
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", "--repeat", str(repeat)],
                          env=env, cwd=tree, capture_output=True, text=True, check=True)
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
@@ -212,7 +216,7 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:6.1f}x" if b > 0 else "     -"
 
 
-def report(old: dict | None, new: dict) -> None:
+def report(old: dict | None, new: dict, goals: bool = True) -> None:
     head = f"{'case':36} {'CPU ms':>8}"
     if old:
         head = f"{'case':36} {'CPU old':>8} {'new':>7} {'old/new':>7} {'wall old':>9} {'new':>7} {'old/new':>7}" \
@@ -234,6 +238,8 @@ def report(old: dict | None, new: dict) -> None:
                 worse.append(name)
         else:
             print(f"{name:36} {n['cpu_ms']:8.1f} {n['wall_ms']:8.1f} {n['cost']:10.4f}")
+    if not goals:
+        return
     print()
     solves = [r for r in new.values() if r["kind"] == "thesis_solve"]
     fronts = [r for r in new.values() if r["kind"] == "front"]
@@ -344,7 +350,7 @@ def main() -> None:
     if args.crossover:
         crossover()
         return
-    runs_old, runs_new = [], []
+    runs_old, runs_new, runs_gap = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         old_tree = None if args.no_baseline else baseline_tree(args.baseline, tmp)
         for k in range(args.rounds):
@@ -352,9 +358,12 @@ def main() -> None:
             if old_tree:
                 runs_old.append(run_worker(old_tree, args.repeat))
             runs_new.append(run_worker(ROOT, args.repeat))
+            runs_gap.append(run_worker(ROOT, args.repeat, "0.001"))
     if old_tree:
         print(f"baseline: {args.baseline} (CBC through pulp, 0.1% gap); new: this tree (default options)")
     report(merge(runs_old) if runs_old else None, merge(runs_new))
+    print("\nthe same solver comparison at the baseline's gap (0.1%): this tree with gap_rel=0.001")
+    report(merge(runs_old) if runs_old else None, merge(runs_gap), goals=False)
     sys.path.insert(0, ROOT)
     same, total, diffs = same_plan_check()
     print(f"same plan from HiGHS and CBC (exact) on the thesis solve cases: {same}/{total}")
