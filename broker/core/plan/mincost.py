@@ -26,9 +26,19 @@ When the minimum spans several quanta the model lists y(i,u) for u up to min(U_i
 Each existing instance likewise needs: d in {0,1} "use the paid time plus v quanta", v in
 {0 .. (U_e - 1) d}, f in {0,1} "extend to the horizon", d + f <= 1,
 cap = r_e ((p_e - s_e - g_e) d + q_e v) + r_e (T - s_e - g_e)^+ f.
-Instances the model cannot tell apart (one type, launched together) share these variables,
-summed over the group (integers up to its size), so CBC does not branch over which of many
-equal instances to keep.
+Running instances ready before their paid time ends (p_e >= s_e + g_e, the usual case) need
+less: every extension quantum that ends before T adds r q whichever instance gets it, so one
+count V stands for all of a type's, and only reaching the horizon differs per instance (a
+column per class of equal U_e and p_e; ``_ready_terms``). Instances that are not ready in
+their paid time keep the d/v/f variables, summed over those the model cannot tell apart (one
+type, launched together). Either way the solver does not branch over which of many equal
+(or nearly equal: launched a second apart) instances to keep. Identical private nodes share
+one column.
+
+After the solve, private time is set to the cheapest that covers what the instances leave
+(``fit_private``: the LP the solver solved once the integers are fixed), the same whichever
+solver ran, and kept in seconds: the model runs at min(deadline, saturation horizon) and the
+plan is reported at the deadline.
 
 Tie-break: among plans of equal cost the solver prefers fewer paid quanta, then instances
 kept equally long (the plan that finishes sooner), then extending a running instance over
@@ -40,9 +50,9 @@ one of 4), the short instance the chord of that over its range, an extension qua
 the linear part (late instances: weighted by their order), a private share a reward of a
 quarter of it. The reported cost never includes it.
 
-Status is read from ``pulp.LpSolution[prob.sol_status]`` (``LpStatus`` says Optimal at a
-time limit): proven optimal -> ``optimal``; stopped with an incumbent -> ``time_limit``; no
-answer -> a greedy plan, ``heuristic``.
+Solved by ``solver.py`` (HiGHS in process or CBC, exact by default), which reads the true
+status: proven optimal -> ``optimal``; stopped with an incumbent -> ``time_limit``; no answer
+-> a greedy plan, ``heuristic``.
 """
 
 from __future__ import annotations
