@@ -252,3 +252,21 @@ def test_budget_search_never_solves_beyond_a_plan_it_already_has(monkeypatch):
         assert horizon_s <= best_so_far
         if p.cost_usd <= budget + 1e-6:
             best_so_far = min(best_so_far, p.makespan_s)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_default_plans_cost_no_more_than_the_old_planners(seed):
+    # The planner before this solver module: CBC through pulp at a 0.1% gap. The default now
+    # solves exactly, so on the same cases its plans may only be cheaper, and never by more
+    # than that gap.
+    rng = random.Random(900 + seed)
+    types = [MachineType(f"m{i}", rng.randint(1, 4), s, p, rng.randint(5, 20)) for i, (s, p) in
+             enumerate([(1.0, 0.08), (5.0, 0.165), (4.0, 0.32), (20.0, 0.66)])]
+    private = [PrivateNode(f"x{k}", 1, 10.0, 0.32) for k in range(rng.randint(0, 4))]
+    work = Work(rng.uniform(1e6, 1e7), 10_000, 600.0, 300.0)
+    full = sum(t.capacity_per_s * t.limit for t in types) + sum(p.capacity_per_s for p in private)
+    T = work.total_ref_s / full * rng.uniform(1.2, 3.0) + 3600
+    old = min_cost(types, private, work, T, options=PlanOptions(solver="cbc", gap_rel=1e-3))
+    new = min_cost(types, private, work, T)
+    assert new.status == "optimal"
+    assert old.cost_usd * (1 - 1e-3) - 1e-6 <= new.cost_usd <= old.cost_usd + 1e-6
