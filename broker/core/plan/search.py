@@ -138,8 +138,10 @@ def _narrow(solve: "_Solves", catalogue: Catalogue, work: Work, budget_usd: floa
     Inside a quantum MinCost(T) falls almost linearly (private time and the last quantum of
     instances are continuous): a secant step between the bracket's ends (Illinois: an end
     kept twice has its weight halved, so the far end does not hold the estimate back) lands
-    within seconds of the answer, and one probe on its other side closes the bracket. Every
-    fourth probe halves the bracket, so the worst case stays logarithmic."""
+    within seconds of the answer, and one probe half a tolerance to its other side closes the
+    bracket (half, not all of it: the answer is then as close to the least feasible deadline
+    as bisection's usually is). Every fourth probe halves the bracket, so the worst case stays
+    logarithmic."""
     ends = {"lo": _excess(solve.plans.get(lo_s), budget_usd), "hi": best.cost_usd - budget_usd}
     hi_at, kept, probes, closing = best.horizon_s, None, 0, None
     while hi_s - lo_s > tol_s:
@@ -150,14 +152,14 @@ def _narrow(solve: "_Solves", catalogue: Catalogue, work: Work, budget_usd: floa
             mid_s, kind = (lo_s + hi_s) / 2, "halve"
         else:
             guess = lo_s + (hi_at - lo_s) * ends["lo"] / (ends["lo"] - ends["hi"])
-            mid_s, kind = min(max(guess, lo_s + 0.5 * tol_s), hi_s - 0.5 * tol_s), "secant"
+            mid_s, kind = min(max(guess, lo_s + 0.25 * tol_s), hi_s - 0.25 * tol_s), "secant"
         plan = solve(mid_s)
         side = "hi" if _fits(plan.cost_usd, budget_usd) else "lo"
         if side == "hi":
             best, hi_s = _pull_down(catalogue, work, budget_usd, plan, lo_s, min(mid_s, plan.makespan_s), tol_s)
-            hi_at, closing = mid_s, (hi_s - 0.99 * tol_s if kind == "secant" else None)
+            hi_at, closing = mid_s, (hi_s - 0.5 * tol_s if kind == "secant" else None)
         else:
-            lo_s, closing = mid_s, (lo_s + 0.99 * tol_s if kind == "secant" else None)
+            lo_s, closing = mid_s, (lo_s + 0.5 * tol_s if kind == "secant" else None)
         if kept == side and ends["lo"] is not None:
             other = "lo" if side == "hi" else "hi"
             ends[other] /= 2
