@@ -334,7 +334,9 @@ def _build(catalogue: Catalogue, work: Work, T: float, options: PlanOptions) -> 
         _ready_terms(ilp, k, members, T, 0.5 * tie(catalogue.types.index(members[0].type)))
     groups = _interchangeable(late, T)
     for k, group in enumerate(groups):
-        order = 1.0 + k / (len(groups) + 1)  # which of two late instances to extend: the first
+        # Which of two late instances to extend: the first; and a ready instance before any late
+        # one (weight 1 there): equal weights let HiGHS and CBC pick different equal-cost plans.
+        order = 1.0 + (k + 1) / (len(groups) + 1)
         _existing_terms(ilp, k, group, T, 0.5 * order * tie(catalogue.types.index(group[0].type)))
     for k, group in enumerate(_identical_private(catalogue.private)):
         p = group[0]
