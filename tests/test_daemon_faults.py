@@ -193,7 +193,10 @@ def test_a_type_refused_for_capacity_or_limit_is_avoided_and_the_run_replans_ont
 
 
 def test_throttles_timeouts_and_lost_responses_are_retried_and_never_launch_twice(tmp_path, run_dir):
-    inv, bag = write_inputs(tmp_path)
+    # Tasks whose sleeps alone (10 x 40 s of run time) overrun the deadline on the one private
+    # slot, so that the plan must rent however fast the machine is: with half-second tasks an
+    # idle machine finished the bag on the private slot and nothing was launched (CI, once).
+    inv, bag = write_inputs(tmp_path, task_s=LONG_TASK_S)
     spec = ("throttle:RunInstances:2,timeout:RunInstances:1,lost_response:RunInstances:1,"
             "request_limit:TerminateInstances:1,timeout:TerminateInstances:1")
     done = broker(*run_args(inv, bag, run_dir), faults=spec, keep_moto=True)

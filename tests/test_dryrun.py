@@ -101,7 +101,7 @@ def wait_for_event(proc: subprocess.Popen, run_dir: Path, name: str, key: str, t
 
 
 def test_sweep_runs_every_task_once_and_terminates_every_instance(run_dir):
-    done = broker("run", "--dry-run", "--yes", "--deadline", "10m", "--inventory", str(INVENTORY), str(SWEEP),
+    done = broker("run", "--dry-run", "--yes", "--deadline", "6m", "--inventory", str(INVENTORY), str(SWEEP),
                   "--run-dir", str(run_dir))
     assert done.returncode == 0, done.stderr[-3000:]
     # The plan table came before the launch question, and the report at the end.
