@@ -8,7 +8,7 @@
 #     master reads through GetConsoleOutput under aws.host_key_policy: console (cloud-init
 #     prints the same block itself on these AMIs; the last complete block counts),
 #   - a `broker` user that accepts the launch key pair (copied from the AMI's default user),
-#   - /opt/broker-agent for the agent and task outputs, owned by that user,
+#   - /opt/broker-agent for the agent and task outputs, owned by that user, mode 700,
 #   - /var/lib/broker/ready written last, so the master can tell set-up finished.
 # It installs nothing, downloads nothing and reports to no one: no network access at all.
 #
@@ -86,7 +86,7 @@ if [ ! -s "$AGENT_HOME/.ssh/authorized_keys" ]; then
     log "no authorized_keys of a default user found; log in with the AMI's default user instead"
 fi
 
-install -d -m 755 -o "$AGENT_USER" -g "$AGENT_USER" "$AGENT_DIR" "$AGENT_DIR/outputs"
+install -d -m 700 -o "$AGENT_USER" -g "$AGENT_USER" "$AGENT_DIR" "$AGENT_DIR/outputs"  # the agent, its state, task outputs: the broker user only
 install -d -m 755 "$(dirname "$READY_FILE")"
 printf 'python=%s\nagent_dir=%s\nuser=%s\n' "$PYTHON" "$AGENT_DIR" "$AGENT_USER" > "$READY_FILE"
 log "ready: $("$PYTHON" --version 2>&1), agent directory $AGENT_DIR, user $AGENT_USER"

@@ -371,20 +371,6 @@ def test_working_credentials_name_the_identity(world: World) -> None:
     assert check.ok and check.identity_arn and check.identity_arn in check.message
 
 
-# -- pre-flight catalogue ---------------------------------------------------------------------
-def test_catalogue_names_unknown_types_and_amis(world: World) -> None:
-    fleet = world.fleet()
-    problems = fleet.check_catalogue(["c5.xlarge", "zz.huge", "t3.micro"], "ami-12345678", source="inventory.yaml")
-    rendered = sorted(p.render() for p in problems)
-
-    assert len(problems) == 2
-    assert all(p.file == "inventory.yaml" for p in problems)
-    assert {p.field for p in problems} == {"aws.types.zz.huge", "aws.ami"}
-    assert any("zz.huge" in r and "us-east-1" in r for r in rendered)
-    assert any("ami-12345678" in r for r in rendered)
-    assert fleet.check_catalogue(["c5.xlarge", "t3.micro"], world.ami) == []
-
-
 # -- describing, terminating, reconciling ------------------------------------------------------
 def _launch_untagged(world: World) -> str:
     raw = world.ec2.run_instances(ImageId=world.ami, InstanceType="t3.micro", MinCount=1, MaxCount=1)

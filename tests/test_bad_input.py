@@ -367,10 +367,10 @@ def _(env: ProbeEnv) -> Seen:
 
 
 # -- AWS, through `broker validate --live` -------------------------------------------------
-def _live_inventory(env: ProbeEnv, ami: str, type_name: str) -> Path:
+def _live_inventory(env: ProbeEnv, ami: str, type_name: str, group: str = "sg-0") -> Path:
     inventory = env.tmp / "inv.yaml"
     inventory.write_text(
-        f"aws:\n  region: us-east-1\n  ami: {ami}\n  key_name: k\n  security_group: sg-0\n"
+        f"aws:\n  region: us-east-1\n  ami: {ami}\n  key_name: k\n  security_group: {group}\n"
         f"  types:\n    - {{name: {type_name}, slots: 2, speed: 1, price: 0.1, limit: 2}}\n"
     )
     return inventory
@@ -380,6 +380,7 @@ def _validate_live(env: ProbeEnv, inventory: Path) -> str:
     code = cli_main(["validate", str(inventory), "--live"])
     out, err = env.capsys.readouterr()
     assert code == 2 and out == "", (code, out, err)
+    err = "".join(line for line in err.splitlines(keepends=True) if not line.startswith("warning: "))
     assert err.startswith("1 problem found; nothing was started:"), err
     return err
 
@@ -400,7 +401,8 @@ def _(env: ProbeEnv) -> Seen:
     return Seen(_validate_live(env, inventory), f"{inventory}: aws")
 
 
-def _with_moto(env: ProbeEnv, inventory_for: Callable[[str], Path]) -> tuple[str, Path]:
+def _with_moto(env: ProbeEnv, inventory_for: Callable[[str, str], Path]) -> tuple[str, Path]:
+    """``inventory_for(ami, security_group)`` under moto, which holds that AMI, that group and the key pair k."""
     import boto3
     from moto import mock_aws
 
@@ -408,20 +410,24 @@ def _with_moto(env: ProbeEnv, inventory_for: Callable[[str], Path]) -> tuple[str
     for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
         env.monkeypatch.setenv(name, value)
     with mock_aws():
-        images = boto3.client("ec2", region_name="us-east-1").describe_images(Owners=["amazon"])["Images"]
-        inventory = inventory_for(sorted(i["ImageId"] for i in images)[0])
+        ec2 = boto3.client("ec2", region_name="us-east-1")
+        images = ec2.describe_images(
+            Owners=["amazon"], Filters=[{"Name": "architecture", "Values": ["x86_64"]}])["Images"]
+        ec2.create_key_pair(KeyName="k")
+        group = ec2.create_security_group(GroupName="broker", Description="broker")["GroupId"]
+        inventory = inventory_for(sorted(i["ImageId"] for i in images)[0], group)
         return _validate_live(env, inventory), inventory
 
 
 @probe("aws-unknown-ami", "aws", "aws.ami: AMI 'ami-0badbadbadbadbad0' not found")
 def _(env: ProbeEnv) -> Seen:
-    message, inventory = _with_moto(env, lambda _real: _live_inventory(env, "ami-0badbadbadbadbad0", "m5.large"))
+    message, inventory = _with_moto(env, lambda _real, sg: _live_inventory(env, "ami-0badbadbadbadbad0", "m5.large", sg))
     return Seen(message, str(inventory))
 
 
 @probe("aws-unknown-instance-type", "aws", "aws.types.m5.lrage: instance type 'm5.lrage' is not offered in us-east-1")
 def _(env: ProbeEnv) -> Seen:
-    message, inventory = _with_moto(env, lambda real: _live_inventory(env, real, "m5.lrage"))
+    message, inventory = _with_moto(env, lambda real, sg: _live_inventory(env, real, "m5.lrage", sg))
     return Seen(message, str(inventory))
 
 

@@ -89,7 +89,8 @@ def test_missing_argument_is_a_usage_error(capsys):
 
 
 def test_live_asks_aws_and_reports_a_working_account(tmp_path, capsys, monkeypatch):
-    """Under moto: a real AMI and an offered type pass, and the summary names the identity."""
+    """Under moto: a real AMI, key pair and group and offered types pass; the summary names
+    the identity and what was found; the quota moto cannot serve is a warning, not a problem."""
     import boto3
     from moto import mock_aws
 
@@ -99,16 +100,66 @@ def test_live_asks_aws_and_reports_a_working_account(tmp_path, capsys, monkeypat
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     with mock_aws():
-        ami = sorted(i["ImageId"] for i in boto3.client("ec2", region_name="us-east-1").describe_images(
-            Owners=["amazon"])["Images"])[0]  # fmt: skip
+        ec2 = boto3.client("ec2", region_name="us-east-1")
+        ami = sorted(i["ImageId"] for i in ec2.describe_images(
+            Owners=["amazon"], Filters=[{"Name": "architecture", "Values": ["x86_64"]}])["Images"])[0]
+        ec2.create_key_pair(KeyName="k")
+        group = ec2.create_security_group(GroupName="broker", Description="broker")["GroupId"]
         inventory = tmp_path / "inv.yaml"
         inventory.write_text(
-            f"aws:\n  region: us-east-1\n  ami: {ami}\n  key_name: k\n  security_group: sg-0\n"
+            f"aws:\n  region: us-east-1\n  ami: {ami}\n  key_name: k\n  security_group: {group}\n"
             "  types:\n    - {name: m5.large, slots: 2, speed: 1, price: 0.1, limit: 2}\n"
             "    - {name: c5.xlarge, slots: 4, speed: 1, price: 0.2, limit: 2}\n"
         )
         assert main(["validate", str(inventory), "--live"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[1].startswith(f"{inventory}: AWS credentials work (identity arn:aws:") and out[1].endswith(
-        "types and AMI found")  # fmt: skip
-    assert out[-1] == "valid (live fields checked); nothing was started"
+    out, err = capsys.readouterr()
+    checked = out.splitlines()[1]
+    assert checked.startswith(f"{inventory}: AWS credentials work (identity arn:aws:")
+    for found in ("2 of 2 instance types offered in us-east-1", f"AMI {ami} available", "key pair 'k' found",
+                  f"security group '{group}' found"):
+        assert found in checked
+    assert out.splitlines()[-1] == "valid (live fields checked); nothing was started"
+    assert err.startswith("warning: ") and "L-1216C47A" in err
+
+
+def test_live_with_a_private_only_inventory_asks_nothing_of_aws(tmp_path, capsys, monkeypatch):
+    """No EC2 types: no AWS call at all, so no credentials and no network are needed."""
+    from test_aws_fleet import isolate_from_real_aws
+
+    isolate_from_real_aws(monkeypatch, tmp_path)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("private:\n  - {name: here, local: true, slots: 2}\n")
+    assert main(["validate", str(inventory), "--live"]) == 0
+    out = capsys.readouterr().out
+    assert f"{inventory}: no EC2 types in the inventory: AWS is not needed, nothing was asked of it" in out
+
+
+def test_live_lists_the_files_problems_and_what_aws_says_at_once(tmp_path, capsys, monkeypatch):
+    """A key file that does not exist (the file's problem) and a type not offered (AWS's):
+    both in one report, so the user fixes both in one pass."""
+    import boto3
+    from moto import mock_aws
+
+    from test_aws_fleet import isolate_from_real_aws
+
+    isolate_from_real_aws(monkeypatch, tmp_path)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name="us-east-1")
+        ami = ec2.describe_images(Owners=["amazon"], Filters=[{"Name": "architecture", "Values": ["x86_64"]}])[
+            "Images"][0]["ImageId"]
+        ec2.create_key_pair(KeyName="k")
+        group = ec2.create_security_group(GroupName="broker", Description="broker")["GroupId"]
+        inventory = tmp_path / "inv.yaml"
+        inventory.write_text(
+            f"aws:\n  region: us-east-1\n  ami: {ami}\n  key_name: k\n  security_group: {group}\n"
+            f"  key: {tmp_path / 'no-such-key.pem'}\n"
+            "  types:\n    - {name: zz.huge, slots: 2, speed: 1, price: 0.1, limit: 2}\n"
+        )
+        assert main(["validate", str(inventory), "--live"]) == 2
+    err = capsys.readouterr().err
+    assert "2 problems found; nothing was started:" in err
+    assert "aws.key: SSH key file not found" in err
+    assert "aws.types.zz.huge: instance type 'zz.huge' is not offered in us-east-1" in err

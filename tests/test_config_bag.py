@@ -75,7 +75,7 @@ def test_linspace_values_are_exact_at_the_ends_and_free_of_float_noise():
 
 def test_placeholders_may_use_attributes_indices_and_nested_specs():
     bag = parse_bag("command: '{w} {x.real} {y:>{w}}'\nsweep: {x: [3], y: [ab], w: [4]}\ntimeout: 1\n")
-    assert bag.tasks[0].command == "4 3   ab"
+    assert bag.tasks[0].command == "4 3 '  ab'"  # the padded value is one shell word
 
 
 _values = st.one_of(st.integers(-50, 50), st.text("abcxyz", min_size=1, max_size=4))

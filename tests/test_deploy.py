@@ -423,7 +423,7 @@ def test_user_data_prepares_a_stock_machine_and_its_console(tmp_path, default_us
     assert done.returncode == 0, f"{done.stderr}\n{(tmp_path / 'stderr').read_text() if (tmp_path / 'stderr').exists() else ''}"
     facts = dict(line.split(": ", 1) for line in done.stdout.splitlines())
     assert facts["passwd"].startswith("broker:") and facts["passwd"].endswith(":/home/broker:/bin/bash")
-    assert facts["agent_dir"] == "broker 755 outputs: broker 755"
+    assert facts["agent_dir"] == "broker 700 outputs: broker 700"  # private to the broker user
     assert facts["ssh"] == "broker 700 keys: broker 600"
     assert facts["authorized"].endswith("launch-key")  # the launch key pair, copied from the default user
     assert "agent_dir=/opt/broker-agent" in facts["ready"] and "user=broker" in facts["ready"]

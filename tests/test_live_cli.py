@@ -42,7 +42,8 @@ def test_a_live_run_launches_reaches_and_releases_its_instances(sshd: TestSshd, 
                    f"workdir: {work}\noutputs: 'out-{{i}}.txt'\n")
     with fake_aws_environment("us-east-1"), mock_aws():
         ec2 = boto3.client("ec2", region_name="us-east-1")
-        ami = sorted(i["ImageId"] for i in ec2.describe_images(Owners=["amazon"])["Images"])[0]
+        ami = sorted(i["ImageId"] for i in ec2.describe_images(  # the preflight checks the architecture
+            Owners=["amazon"], Filters=[{"Name": "architecture", "Values": ["x86_64"]}])["Images"])[0]
         group = ec2.create_security_group(GroupName="broker-test", Description="test")["GroupId"]
         ec2.create_key_pair(KeyName="broker-test")
         inventory = tmp_path / "inventory.yaml"

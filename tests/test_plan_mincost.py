@@ -306,7 +306,12 @@ def test_regression_cbc_called_a_barely_feasible_model_infeasible():
     )
     private = (PrivateNode("own", 2, 1.0, 0.0, local=True),)
     work = Work(total_ref_s=257034.43333315323, tasks=178, mean_ref_s=1191.611080707782, sd_ref_s=595.805540353891)
-    plan = min_cost(types, private, work, 129413.02207841328)
+    # The deadline at which the node (2 slots, allowance 300 s + half a mean task) covers the
+    # work by 0.05 ref-s. (The deadline this test first had, 129413.02207841328 s, leaves it
+    # short by 1.0000001e-9 of the work, just outside the planner's tolerance WORK_RTOL: CBC's
+    # looser feasibility tolerance let the node alone pass; the exact solvers buy one type0 hour.)
+    deadline = 300.0 + 0.5 * work.mean_ref_s + (work.total_ref_s + 0.05) / 2
+    plan = min_cost(types, private, work, deadline)
     assert plan.status == "optimal"
     assert plan.cost_usd == 0.0 and not plan.new
 
@@ -322,3 +327,22 @@ def test_an_instance_paid_past_the_deadline_counts_without_buying_more():
     assert covered.new == () and covered.cost_usd == 0.0 and covered.makespan_s <= 1800.0 + 1e-6
     short = min_cost([t], [], Work(1500.0, 1, 1500.0, 0.0), 1800.0, existing=running, now_s=0.0)
     assert sum(g.count for g in short.new) == 1 and short.cost_usd == 1.0
+
+
+def test_regression_a_deadline_past_saturation_multiplied_the_private_cost():
+    # The model is solved at the saturation horizon (nothing is cheaper later) and the plan
+    # reported at the deadline; private shares were fractions of the model's horizon applied
+    # to the deadline, so a deadline three times past saturation reported three times the
+    # private time and cost (thesis catalogue: $680 at saturation, $2,040 at 3x).
+    types = [MachineType("small", 1, 1.0, 0.08, 4), MachineType("big", 1, 20.0, 0.66, 4)]
+    private = [PrivateNode(f"own{k}", 1, 10.0, 0.32) for k in range(3)]
+    work = Work(total_ref_s=3e6, tasks=1000, mean_ref_s=3000.0)
+    from broker.core.plan.capacity import Catalogue
+
+    t_sat = Catalogue.build(types, private, work, (), 0.0, EXACT).saturation_horizon_s(work.total_ref_s)
+    at_sat = min_cost(types, private, work, t_sat, options=EXACT)
+    later = min_cost(types, private, work, 3 * t_sat, options=EXACT)
+    assert later.cost_usd == pytest.approx(at_sat.cost_usd, rel=1e-9)
+    assert later.makespan_s == pytest.approx(at_sat.makespan_s, rel=1e-9)
+    busy = {name: share * later.horizon_s for name, share in later.private_share.items()}
+    assert busy == pytest.approx({name: share * at_sat.horizon_s for name, share in at_sat.private_share.items()})

@@ -6,6 +6,7 @@ that module from there when run as a script). Three ways to run it::
     python3 agent.py attach --state-dir D --slots N        # what the master execs
     python3 agent.py serve  --state-dir D --slots N        # the daemon, in the foreground
     python3 agent.py serve  --stdio --state-dir D --slots N
+    python3 agent.py stop   --state-dir D                  # what `broker down` runs over SSH
 
 ``attach`` connects to the daemon serving ``D`` (starting it in a new session first if none
 is running, so closing an SSH channel cannot kill it) and then copies its own stdin to the
@@ -22,6 +23,29 @@ The state directory ``D`` holds::
     agent.log    the daemon's stderr
     journal      append-only Started / Result / Ack lines in the protocol's encoding
     out/<task>.<attempt>.stdout, .stderr    full outputs (an empty stream leaves no file)
+
+Every file the agent creates there is 0600 and every directory 0700, whatever the umask
+(created with those modes and set again with chmod); the directories above D it creates are
+0700 too. Tasks run with the umask the agent started with, or the one ``BROKER_TASK_UMASK``
+(octal) names: a broker that runs under umask 077 hands its user's umask on that way.
+
+Secrets. The values of the Run's ``env`` entries whose names look like credentials
+(``protocol.looks_secret``, the broker's own rule) are masked (``***``) in what the agent
+writes or sends: the journal, ``agent.log`` and the Results' tails and errors. Output files
+are named after the task id and attempt only and hold exactly what the task wrote (the
+task's output is the user's own): no header, nothing of its environment.
+
+Reaping. The agent makes itself the child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``,
+Linux): whatever a task starts and leaves behind, even a daemon that left the task's session
+(``setsid``) and double-forked, is re-parented to the agent instead of to init. Each such
+process is attributed to a task when it is first seen (by the ``BROKER_TASK`` /
+``BROKER_ATTEMPT`` / ``BROKER_AGENT_DIR`` it inherited, else to every task running or just
+ended then) and killed, with everything under it, once its tasks have ended, timed out or
+been cancelled: the agent looks after tasks end, at most once a second; when it stops, all
+of them are killed. A new agent on a state directory first kills
+whatever still carries that directory in its environment (the tasks of an agent that died);
+:func:`kill_leftovers` does the same for ``broker down``. Without /proc or the prctl (not
+Linux) only the task's process group is killed, as before.
 
 Tasks. Each runs as ``/bin/sh -c COMMAND`` in its own process group, stdin from /dev/null,
 stdout and stderr straight into its two files (the agent is not in the data path, and a
@@ -56,6 +80,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import fcntl
 import heapq
 import itertools
@@ -97,6 +122,9 @@ DAEMON_START_TIMEOUT_S = 10.0
 MAX_OUTPUT_ENV = "BROKER_AGENT_MAX_OUTPUT_BYTES"
 DEFAULT_MAX_OUTPUT_BYTES = 100 << 20
 EXIT_FLUSH_TIMEOUT_S = 5.0
+TASK_UMASK_ENV = "BROKER_TASK_UMASK"
+ORPHAN_SCAN_S = 1.0  # how often, while tasks run, newly adopted processes are attributed to them
+_PR_SET_CHILD_SUBREAPER = 36
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 0x01, 0x02  # linux/falloc.h
 
 Key = Tuple[str, int]
@@ -137,6 +165,176 @@ def output_stem(task: str, attempt: int) -> str:
     if safe.startswith("."):
         safe = "%2E" + safe[1:]
     return f"{safe}.{attempt}"
+
+
+def private_open(path: str, flags: int) -> int:
+    """``os.open`` creating the file 0600 (set again, so no umask can widen or narrow it)."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def private_makedirs(path: str) -> None:
+    """``mkdir -p`` with each directory it creates 0700, and ``path`` itself made 0700."""
+    missing: List[str] = []
+    current = path
+    while not os.path.isdir(current) and os.path.dirname(current) != current:
+        missing.append(current)
+        current = os.path.dirname(current)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+        os.chmod(directory, 0o700)
+    os.chmod(path, 0o700)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _process_table() -> Dict[int, int]:
+    """pid -> parent pid of every live (not zombie) process, from /proc; {} without it."""
+    table: Dict[int, int] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return table
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields and fields[0] != b"Z":
+            table[int(name)] = int(fields[1])
+    return table
+
+
+def _children_of(pid: int) -> Optional[Set[int]]:
+    """The direct children of ``pid`` (a single-threaded process) from
+    ``/proc/PID/task/PID/children``, cheap to read; None where the kernel lacks that file."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+            return {int(p) for p in f.read().split()}
+    except (OSError, ValueError):
+        return None
+
+
+def _marks(pid: int) -> Optional[Tuple[str, str, str]]:
+    """(BROKER_TASK, BROKER_ATTEMPT, BROKER_AGENT_DIR) in a process's environment, if all there."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read().split(b"\0")
+    except OSError:
+        return None
+    found: Dict[bytes, str] = {}
+    for entry in environ:
+        name, _, value = entry.partition(b"=")
+        if name in (b"BROKER_TASK", b"BROKER_ATTEMPT", b"BROKER_AGENT_DIR"):
+            found[name] = os.fsdecode(value)
+    if len(found) < 3:
+        return None
+    return found[b"BROKER_TASK"], found[b"BROKER_ATTEMPT"], found[b"BROKER_AGENT_DIR"]
+
+
+def _subtree(roots: List[int], table: Dict[int, int]) -> List[int]:
+    """``roots`` and every descendant of them in ``table``."""
+    children: Dict[int, List[int]] = {}
+    for pid, parent in table.items():
+        children.setdefault(parent, []).append(pid)
+    found: List[int] = []
+    stack = list(roots)
+    while stack:
+        pid = stack.pop()
+        if pid in found:
+            continue
+        found.append(pid)
+        stack.extend(children.get(pid, ()))
+    return found
+
+
+def _kill_all(pids: List[int]) -> int:
+    killed = 0
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except (ProcessLookupError, PermissionError):
+            pass
+    return killed
+
+
+def kill_leftovers(state_dir: str) -> int:
+    """SIGKILL every process (and its descendants) that carries ``state_dir`` as its
+    ``BROKER_AGENT_DIR``: the tasks of an agent that is gone. Returns how many were signalled.
+    Used by a new agent on that directory and by ``broker down`` after stopping the agent."""
+    state_dir = os.path.abspath(os.path.expanduser(state_dir))
+    own = {os.getpid(), os.getppid()}
+    table = _process_table()
+    roots = [pid for pid in table if pid not in own and (_marks(pid) or ("", "", ""))[2] == state_dir]
+    return _kill_all([pid for pid in _subtree(roots, table) if pid not in own])
+
+
+def agent_pid(state_dir: str) -> Optional[int]:
+    """The pid of the agent serving ``state_dir``, or None if none is alive. The pid file is
+    believed only while the state dir's lock is held, so a stale one never names a stranger."""
+    try:
+        fd = os.open(os.path.join(state_dir, LOCK_NAME), os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            with open(os.path.join(state_dir, PID_NAME)) as f:
+                return int(f.read().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def stop_agent(state_dir: str, timeout_s: float = 10.0) -> Tuple[bool, int]:
+    """Stop the agent serving ``state_dir`` (SIGTERM: it cancels its tasks and kills what they
+    left; SIGKILL after ``timeout_s``), then kill whatever still carries the state dir
+    (:func:`kill_leftovers`). Returns whether an agent ran, and how many leftovers were killed."""
+    state_dir = os.path.abspath(os.path.expanduser(state_dir))
+    pid = agent_pid(state_dir)
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            while agent_pid(state_dir) is not None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if agent_pid(state_dir) is not None:
+                os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pid is not None, kill_leftovers(state_dir)
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """``agent.py stop --state-dir D``: what ``broker down`` runs on a node it reaches by SSH."""
+    ran, killed = stop_agent(args.state_dir, args.timeout_s)
+    print(f"agent {'stopped' if ran else 'not running'}; {killed} leftover process(es) killed")
+    return 0
+
+
+def _become_subreaper() -> bool:
+    """Make orphaned descendants re-parent to this process (Linux >= 3.4); False elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 # --------------------------------------------------------------------------- journal
@@ -190,12 +388,13 @@ class Journal:
         """Replace the journal by ``messages`` (atomically: a crash leaves old or new)."""
         data = b"".join(wire.encode(m) for m in messages)
         temporary = self.path + ".new"
-        with open(temporary, "wb") as f:
+        fd = private_open(temporary, os.O_WRONLY | os.O_TRUNC)
+        with open(fd, "wb") as f:
             f.write(data)
         os.replace(temporary, self.path)
         if self._fd >= 0:
             os.close(self._fd)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self._fd = private_open(self.path, os.O_WRONLY | os.O_APPEND)
         self._size = self._live_size = len(data)
 
     def append(self, message: wire.Message) -> None:
@@ -416,7 +615,7 @@ class Agent:
 
     def __init__(self, state_dir: str, slots: int, node: str, grace_s: float = 5.0,
                  idle_exit_s: float = 0.0, progress_poll_s: float = 0.25,
-                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> None:  # fmt: skip
+                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES, reap_orphans: bool = False) -> None:  # fmt: skip
         if slots < 1:
             raise ValueError("slots must be at least 1")
         if max_output_bytes < 0:
@@ -429,7 +628,12 @@ class Agent:
         self.idle_exit_s = idle_exit_s
         self.progress_poll_s = progress_poll_s
         self.out_dir = os.path.join(state_dir, OUT_DIR)
-        os.makedirs(self.out_dir, exist_ok=True)
+        private_makedirs(self.out_dir)
+        self.reap_orphans = reap_orphans  # we are the subreaper: adopted leftovers are ours to kill
+        self._adopted: Dict[int, Set[Key]] = {}  # re-parented to us: pid -> the tasks it may belong to
+        self._next_orphan_scan = 0.0
+        self._ended_since_scan: Set[Key] = set()  # tasks ended since the last scan (it is due)
+        self._secrets: Set[str] = set()  # secret values of the Runs seen: masked in what we write
         self._home = os.environ.get("HOME") or state_dir
         self._base_env = dict(os.environ)
         self._queued: Dict[Key, wire.Run] = {}
@@ -523,6 +727,8 @@ class Agent:
             deadlines.append(self._next_progress_at)
         if self._idle_exit_pending():
             deadlines.append(self._idle_since + self.idle_exit_s)
+        if self.reap_orphans and self._ended_since_scan:
+            deadlines.append(self._next_orphan_scan)
         return max(0.0, min(deadlines) - now) if deadlines else None
 
     def _finished(self) -> bool:
@@ -539,6 +745,7 @@ class Agent:
         return self.idle_exit_s > 0 and self._peer is None and not self._running and not self._queued
 
     def _close(self) -> None:
+        self._kill_orphans_at_exit()
         self._journal.flush()
         self._journal.close()
         peer = self._peer
@@ -695,6 +902,7 @@ class Agent:
     # ----------------------------------------------------------------- task lifecycle
 
     def _accept_run(self, peer: _Peer, run: wire.Run) -> None:
+        self._secrets.update(wire.secret_values(run.env))
         key = wire.key_of(run)
         task = self._running.get(key)
         if task is not None:
@@ -722,7 +930,7 @@ class Agent:
     def _start(self, run: wire.Run) -> None:
         stem = os.path.join(self.out_dir, output_stem(run.task, run.attempt))
         out_path, err_path = stem + ".stdout", stem + ".stderr"
-        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        flags = os.O_RDWR | os.O_TRUNC
         env = dict(self._base_env)
         env.update(run.env)
         env.update(BROKER_TASK=run.task, BROKER_ATTEMPT=str(run.attempt), BROKER_AGENT_DIR=self.state_dir)
@@ -743,8 +951,8 @@ class Agent:
             return
         fds: List[int] = []
         try:
-            fds.append(os.open(out_path, flags, 0o644))
-            fds.append(os.open(err_path, flags, 0o644))
+            fds.append(private_open(out_path, flags))
+            fds.append(private_open(err_path, flags))
             started_at = time.monotonic()
             pid = os.posix_spawn(
                 SHELL,
@@ -786,12 +994,15 @@ class Agent:
             if info is None:
                 return
             task = self._by_pid.pop(info.si_pid, None)
+            self._adopted.pop(info.si_pid, None)
             if task is not None:
                 self._signal_group(task, signal.SIGKILL)  # leftovers, while the group id is still ours
             os.waitpid(info.si_pid, 0)
             if task is not None:
                 exit_code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
                 self._finish(task, exit_code)
+                if self.reap_orphans:
+                    self._ended_since_scan.add(task.key)  # what it left is found at the next scan
 
     def _finish(self, task: _Task, exit_code: int) -> None:
         runtime_s = time.monotonic() - task.started_at
@@ -849,6 +1060,12 @@ class Agent:
                 task.progress_offset, task.progress_carry = size, None  # resume after the hole
 
     def _record(self, result: wire.Result) -> None:
+        if self._secrets:
+            secrets = sorted(self._secrets, key=len, reverse=True)
+            result = dataclasses.replace(
+                result, stdout_tail=wire.mask_text(result.stdout_tail, secrets),
+                stderr_tail=wire.mask_text(result.stderr_tail, secrets),
+                error=None if result.error is None else wire.mask_text(result.error, secrets))
         self._results[wire.key_of(result)] = result
         self._journal.append(result)
         self._send(result)
@@ -907,6 +1124,9 @@ class Agent:
         if self._running and now >= self._next_progress_at:
             self._poll_progress(now)
             self._next_progress_at = now + self.progress_poll_s
+        if self.reap_orphans and self._ended_since_scan and now >= self._next_orphan_scan:
+            self._scan_orphans()  # after tasks ended, at most once a second: a scan may read all of /proc
+            self._next_orphan_scan = now + ORPHAN_SCAN_S
 
     def _poll_progress(self, now: float) -> None:
         for task in self._running.values():
@@ -919,6 +1139,59 @@ class Agent:
                 self._send(wire.Progress(task.run.task, task.run.attempt, fraction, now - task.started_at))
         for task in self._running.values():
             self._cap_outputs(task)
+
+    # ----------------------------------------------------------------- leftovers
+
+    def _scan_orphans(self) -> None:
+        """Attribute the processes newly re-parented to us (the subreaper) to tasks, and kill,
+        with all under them, those whose tasks have all ended."""
+        if not self.reap_orphans:
+            return
+        me = os.getpid()
+        running = set(self._running)
+        ended, self._ended_since_scan = self._ended_since_scan, set()
+        children = _children_of(me)
+        if children is not None and children <= set(self._by_pid) | set(self._adopted) and all(
+                owners & running for owners in self._adopted.values()):
+            return  # nothing new re-parented to us, nothing due: the whole table is not needed
+        table = _process_table()
+        for pid, parent in table.items():
+            if parent != me or pid in self._by_pid or pid in self._adopted:
+                continue
+            marks = _marks(pid)
+            if marks is not None and marks[2] == self.state_dir and marks[1].isdigit():
+                self._adopted[pid] = {(marks[0], int(marks[1]))}
+            else:  # it cleared its environment: any task running when it was found may own it
+                self._adopted[pid] = running | ended
+        for pid in [p for p in self._adopted if p not in table]:
+            del self._adopted[pid]
+        done = [pid for pid, owners in self._adopted.items() if not owners & running]
+        if done:
+            killed = _kill_all(_subtree(done, table))
+            log(f"killed {killed} process(es) that tasks no longer running had left behind "
+                f"(re-parented to the agent: {sorted(done)})")
+
+    def _kill_orphans_at_exit(self, timeout_s: float = 5.0) -> None:
+        """Nothing a task started outlives the agent: kill and reap every process left."""
+        if not self.reap_orphans:
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._scan_orphans()  # no task runs now: everything adopted is killed
+            table = _process_table()
+            if not any(parent == os.getpid() for parent in table.values()):
+                return
+            pause_until = time.monotonic() + 0.2
+            while time.monotonic() < pause_until:
+                try:
+                    pid, _ = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    return
+                if pid == 0:
+                    time.sleep(0.01)
+                else:
+                    self._adopted.pop(pid, None)
+        log(f"processes still left after {timeout_s:g} s: {sorted(self._adopted)}")
 
     # ----------------------------------------------------------------- journal upkeep
 
@@ -963,7 +1236,7 @@ class Agent:
 
 def _lock_state_dir(state_dir: str) -> Optional[int]:
     """Hold the state dir's lock for this process's life; None if another agent holds it."""
-    fd = os.open(os.path.join(state_dir, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = private_open(os.path.join(state_dir, LOCK_NAME), os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -974,8 +1247,19 @@ def _lock_state_dir(state_dir: str) -> Optional[int]:
 
 def _prepare_state_dir(path: str) -> str:
     state_dir = os.path.abspath(os.path.expanduser(path))
-    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    private_makedirs(state_dir)
     return state_dir
+
+
+def _task_umask() -> None:
+    """Run tasks (and so this process) with the umask ``BROKER_TASK_UMASK`` names, if valid."""
+    text = os.environ.get(TASK_UMASK_ENV, "")
+    try:
+        value = int(text, 8)
+    except ValueError:
+        return
+    if 0 <= value <= 0o777:
+        os.umask(value)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -986,10 +1270,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 1
         return 0  # lost a start-up race to another daemon: the attach reaches that one
     os.chdir(state_dir)
-    with open(PID_NAME, "w") as f:
+    with open(private_open(PID_NAME, os.O_WRONLY | os.O_TRUNC), "w") as f:
         f.write(f"{os.getpid()}\n")
+    _task_umask()
+    subreaper = _become_subreaper()
     agent = Agent(state_dir, args.slots, args.node, args.grace_s, args.idle_exit_s, args.progress_poll_s,
-                  args.max_output_bytes)  # fmt: skip
+                  args.max_output_bytes, reap_orphans=subreaper)  # fmt: skip
+    leftovers = kill_leftovers(state_dir)
+    if leftovers:
+        log(f"killed {leftovers} process(es) an earlier agent of {state_dir} had left running")
+    if not subreaper:
+        log("not a child subreaper (not Linux?): only each task's process group is killed when it ends")
     if args.stdio:
         agent.serve_stdio()
     else:
@@ -1009,8 +1300,8 @@ def _connect() -> Optional[socket.socket]:
 
 def _start_daemon(args: argparse.Namespace, state_dir: str) -> subprocess.Popen:
     """The daemon in a session of its own, cut from our stdio, so it survives our channel."""
-    argv = [sys.executable, AGENT_FILE, "serve", "--state-dir", state_dir] + _common_argv(args)
-    with open(LOG_NAME, "ab") as log_file:
+    argv = [sys.executable, "-B", AGENT_FILE, "serve", "--state-dir", state_dir] + _common_argv(args)
+    with open(private_open(LOG_NAME, os.O_WRONLY | os.O_APPEND), "ab") as log_file:
         return subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -1092,6 +1383,10 @@ def _positive_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agent.py", description="The broker's worker agent.")
     sub = parser.add_subparsers(dest="command", required=True)
+    stop = sub.add_parser("stop", help="stop the agent of a state dir and kill what its tasks left")
+    stop.set_defaults(func=cmd_stop)
+    stop.add_argument("--state-dir", required=True, help="the agent's directory")
+    stop.add_argument("--timeout-s", type=float, default=10.0, help="SIGTERM to SIGKILL delay")
     commands: Dict[str, Callable[[argparse.Namespace], int]] = {"serve": cmd_serve, "attach": cmd_attach}
     for name, func in commands.items():
         p = sub.add_parser(name)
@@ -1120,7 +1415,7 @@ def _byte_count(text: str) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.max_output_bytes is None:
+    if getattr(args, "max_output_bytes", 0) is None:  # serve and attach; stop has none
         from_env = os.environ.get(MAX_OUTPUT_ENV)
         try:
             args.max_output_bytes = DEFAULT_MAX_OUTPUT_BYTES if from_env is None else _byte_count(from_env)

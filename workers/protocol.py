@@ -66,6 +66,40 @@ class RemoteProtocolError(ProtocolError):
     """The peer sent something the protocol forbids; the connection cannot continue."""
 
 
+# --------------------------------------------------------------------------- secrets
+
+# Which entries of a Run's ``env`` hold credentials: those whose names contain one of these
+# parts (case-insensitive). Both ends use this one rule: the broker masks their values in its
+# logs and journal, the agent in its journal, its log and the Results it sends. Values
+# shorter than MIN_SECRET_LEN are left alone (they would mask ordinary words and numbers).
+SECRET_NAME_PARTS = (
+    "secret", "password", "passwd", "token", "private_key", "credential", "passphrase", "api_key", "apikey",
+    "access_key",
+)  # fmt: skip
+MIN_SECRET_LEN = 6
+MASK = "***"
+
+
+def looks_secret(name: str) -> bool:
+    """Whether an environment variable (or log key) name looks like it holds a credential."""
+    lowered = name.lower()
+    return any(part in lowered for part in SECRET_NAME_PARTS)
+
+
+def secret_values(env: Dict[str, str]) -> Tuple[str, ...]:
+    """The values of ``env``'s secret-looking entries worth masking, longest first."""
+    values = {v for k, v in env.items() if looks_secret(k) and isinstance(v, str) and len(v) >= MIN_SECRET_LEN}
+    return tuple(sorted(values, key=len, reverse=True))
+
+
+def mask_text(text: str, secrets: Any) -> str:
+    """``text`` with every occurrence of each of ``secrets`` (longest first) replaced by MASK."""
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, MASK)
+    return text
+
+
 # --------------------------------------------------------------------------- messages
 
 Key = Tuple[str, int]  # (task id, attempt number)

@@ -13,7 +13,8 @@ import os
 import sys
 
 # Sub-commands in the order ``--help`` lists them.
-COMMANDS = ("validate", "plan", "estimate", "simulate", "run", "status", "report", "down", "runs", "catalog")
+COMMANDS = ("validate", "plan", "estimate", "simulate", "run", "status", "report", "down", "runs", "catalog",
+            "iam_policy")
 
 
 class UsageError(Exception):
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     from broker.config.errors import ConfigError
     from broker.shells.diskfull import DiskFull, is_disk_full
     from broker.shells.logging import configure_logging
+    from broker.shells.private_files import private_files
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -54,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging(level=args.log_level)
     try:
-        return int(args.func(args) or 0)
+        with private_files():  # every file a command writes is 0600, every directory 0700
+            return int(args.func(args) or 0)
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 2

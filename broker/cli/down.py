@@ -4,7 +4,9 @@ Works whether or not the daemon still runs, and as often as you like; a broken p
 journal cut short, the dry run's moto server gone) is reported in one line, never a
 traceback, and the rest is still cleaned up:
 
-- every local agent under ``RUN_DIR/agents/`` is stopped first (its tasks are killed);
+- every local agent under ``RUN_DIR/agents/`` is stopped first (its tasks are killed, and
+  whatever they started and left behind), and so is the agent of every private node the
+  inventory reaches over SSH (``agent.py stop`` there; a node it cannot reach is named);
 - a live run: every instance the journal knows, plus any EC2 holds under the run's tag, is
   terminated through :class:`~broker.shells.aws.Ec2Fleet` (which never touches an instance
   without the run's tag) and recorded as terminated;
@@ -70,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
                     problems.append(f"{run_dir} holds no run (its daemon died before recording it)")
                 else:
                     run_id = record.id
+                    stopped_agents += _stop_private_agents(record, problems)
                     terminated, failed = _bring_down(journal, record, server, problems)
     except (JournalError, sqlite3.Error, OSError) as exc:
         problems.append(f"the journal in {run_dir} could not be used: {exc}")
@@ -119,6 +122,47 @@ def _bring_down(journal, record, server, problems: list[str]) -> tuple[list[str]
         if record.state == "running":
             journal.finish_run("stopped", at_s=at)
     return terminated, failed
+
+
+def _stop_private_agents(record, problems: list[str]) -> int:
+    """Stop the run's agent on each private node reached over SSH, and kill what its tasks
+    left running there (``agent.py stop``); a node that cannot be reached is a problem."""
+    from broker.config.errors import ConfigError
+    from broker.config.inventory import load_inventory
+    from broker.shells.nodes import REMOTE_AGENT_ROOT, remote_path
+
+    if not record.inventory_path:
+        return 0
+    try:
+        nodes = [n for n in load_inventory(record.inventory_path).private if not n.local and n.host]
+    except ConfigError as exc:
+        problems.append(f"could not read the inventory {record.inventory_path} to reach the private nodes: "
+                        f"{exc.problems[0].render() if exc.problems else exc}")
+        return 0
+    import shlex
+
+    from broker.shells.ssh import SshTarget, connect
+
+    stopped = 0
+    for node in nodes:
+        try:
+            session = connect(SshTarget.for_node(node))
+            try:  # shipped again, as a run does: this broker's agent knows `stop`, whatever is there
+                agent = session.deploy_agent(f"{REMOTE_AGENT_ROOT}/agent")
+                result = session.run(f"python3 -B {shlex.quote(agent + '/agent.py')} stop --state-dir "
+                                     f"{remote_path(REMOTE_AGENT_ROOT, f'runs/{record.id}/{node.name}')}",
+                                     timeout_s=60.0)
+            finally:
+                session.close()
+        except Exception as exc:  # noqa: BLE001 - any failure to reach the node is reported, not raised
+            problems.append(f"could not stop the agent on private node {node.name}: {exc}")
+            continue
+        if result.exit_code != 0:
+            problems.append(f"could not stop the agent on private node {node.name}: "
+                            f"{result.stderr.strip()[-300:] or f'exit code {result.exit_code}'}")
+        elif result.stdout.startswith("agent stopped"):
+            stopped += 1
+    return stopped
 
 
 def _terminate_dry(record, server, known_ids: list[str]) -> tuple[list[str], list[str]]:

@@ -135,13 +135,16 @@ def run(args: argparse.Namespace) -> int:
     if not args.dry_run and inventory.types and not inventory.aws.key:
         raise UsageError(f"{args.inventory}: a live run logs in to its EC2 instances over SSH: give aws.key, "
                          "the private key file of the key pair aws.key_name (or use --dry-run)")
+    if not args.dry_run:
+        _preflight(inventory)  # before a run directory, a sample or an agent: refusals cost nothing
 
     run_dir = Path(args.run_dir) if args.run_dir else None
     _check_before_creating(args, run_dir)
     run_id = new_run_id()
-    if run_dir is None or not run_dir.is_dir():
-        run_dir = run_dir or RUNS_DIR / run_id
-        run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = run_dir or RUNS_DIR / run_id
+    from broker.shells.private_files import private_dir
+
+    private_dir(run_dir)  # 0700, even one the user made beforehand
     with _attached(run_dir):
         return _run_in(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_s)
 
@@ -201,6 +204,20 @@ def _run_in(args, inventory, bag, goal, run_id: str, run_dir: Path, scale, tick_
             scale, tick_s, margin_s = _check_resume(args, record, goal, scale, inventory, instance_types, run_dir)
             return _execute(args, inventory, bag, goal, record.id, run_dir, scale, tick_s, margin_s, resume=record)
     return _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_s)
+
+
+def _preflight(inventory) -> None:
+    """Ask AWS whether a live run can work (``broker/shells/aws/preflight.py``); every problem
+    at once, exit 2. An inventory without EC2 types needs no AWS: nothing is asked."""
+    from broker.config.errors import ConfigError
+    from broker.shells.aws.preflight import preflight
+
+    report = preflight(inventory)
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if report.problems:
+        raise ConfigError(report.problems)
+    print(f"preflight: {'; '.join(report.checked)}", file=sys.stderr, flush=True)
 
 
 def _fault_entries(args, inventory) -> list | None:

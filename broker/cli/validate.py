@@ -1,14 +1,18 @@
 """``broker validate INVENTORY [BAG] [--live]``: check the input files, start nothing.
 
 Every problem in both files is printed at once (exit status 2); a clean pair gets a short
-summary on standard output (exit status 0). ``--live`` also asks AWS, when the inventory has
-EC2 types, whether the credentials work (STS GetCallerIdentity), whether each type is offered
-in the region and whether the AMI exists (read-only calls; nothing is launched).
+summary on standard output (exit status 0). Warnings (a sweep value with shell
+metacharacters, a vCPU quota that could not be read) go to standard error and do not change
+the exit status. ``--live`` also runs the preflight a live ``broker run`` runs before it
+spends anything (``broker/shells/aws/preflight.py``: credentials, AMI, key pair, security
+group, subnet, types offered in the region, on-demand vCPU quota; read-only calls, nothing
+is launched), when the inventory has EC2 types; without them AWS is not needed and not asked.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from broker.config.bag import load_bag
 from broker.config.durations import format_duration
@@ -31,56 +35,66 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also require what a real run needs: AWS region, AMI, key pair and security "
         "group, and SSH key files that exist and are private to their owner; with EC2 types, "
-        "ask AWS (read-only) whether the credentials work and the types and AMI exist",
+        "run the live run's preflight (read-only AWS calls): credentials, AMI, key pair, security "
+        "group, subnet, types offered in the region, on-demand vCPU quota",
     )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     problems: list[Problem] = []
+    warnings: list[Problem] = []
     inventory: Inventory | None = None
     bag: Bag | None = None
     try:
         inventory = load_inventory(args.inventory, live=args.live)
     except ConfigError as exc:
         problems += exc.problems
+        if args.live:  # what AWS says is listed too, when the file is valid but for live fields
+            inventory = _parsed_or_none(args.inventory)
     if args.bag is not None:
         try:
-            bag = load_bag(args.bag)
+            bag = load_bag(args.bag, warnings=warnings)
         except ConfigError as exc:
             problems += exc.problems
-    aws_note = None
-    if args.live and inventory is not None and inventory.types and not problems:
-        aws_problems, aws_note = check_aws(inventory)
-        problems += aws_problems
+    checked: list[str] = []
+    asks_aws = inventory is not None and (not inventory.types or (inventory.aws.region and inventory.aws.ami))
+    if args.live and asks_aws:  # (without a region or an AMI, the file's problems say so already)
+        report = live_preflight(inventory)
+        problems += report.problems
+        checked = report.checked
+        print_warnings(report.warnings)
+    print_warnings(w.render() for w in warnings)
     if problems:
         raise ConfigError(problems)
     print(describe_inventory(inventory))
     if bag is not None:
         print(describe_bag(bag))
-    if aws_note:
-        print(aws_note)
-    checked = "live fields checked" if args.live else "add --live to check what a real run needs"
-    print(f"valid ({checked}); nothing was started")
+    if checked:
+        print(f"{inventory.source}: {'; '.join(checked)}")
+    done = "live fields checked" if args.live else "add --live to check what a real run needs"
+    print(f"valid ({done}); nothing was started")
     return 0
 
 
-def check_aws(inventory: Inventory) -> tuple[list[Problem], str | None]:
-    """Problems AWS reports for the inventory's account, types and AMI, and a note if none.
+def _parsed_or_none(path: str) -> Inventory | None:
+    try:
+        return load_inventory(path)
+    except ConfigError:
+        return None
 
-    Read-only calls (sts:GetCallerIdentity, ec2:DescribeInstanceTypes, ec2:DescribeImages),
-    each allowed by deploy/iam-policy.json. Credentials come from boto3's usual chain.
-    """
-    import boto3
 
-    from broker.shells.aws import Ec2Fleet
+def live_preflight(inventory: Inventory):
+    """The preflight of a live run (``broker.shells.aws.preflight``); an inventory without EC2
+    types needs no AWS at all and gets no call."""
+    from broker.shells.aws.preflight import preflight
 
-    fleet = Ec2Fleet(boto3.Session(region_name=inventory.aws.region), inventory.aws, "validate")
-    credentials = fleet.check_credentials()
-    if not credentials.ok:
-        return [Problem(inventory.source, "aws", credentials.message)], None
-    problems = fleet.check_catalogue([t.name for t in inventory.types], inventory.aws.ami, source=inventory.source)
-    return problems, None if problems else f"{inventory.source}: {credentials.message}; types and AMI found"
+    return preflight(inventory)
+
+
+def print_warnings(warnings) -> None:
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def describe_inventory(inventory: Inventory) -> str:

@@ -8,6 +8,7 @@ Schema (``timeout`` and exactly one task source are required)::
       t: [0.1, 0.2]              #   a list of values
       seed: {range: [1, 50]}     #   integers start..stop-1 (optional third item: step)
       x: {linspace: [0, 1, 5]}   #   n evenly spaced numbers from a to b inclusive
+    unquoted: [x]                # parameters whose values are shell syntax (default: none)
     tasks_file: commands.txt     # or: one command per line (# comments, blank lines skipped)
     csv: tasks.csv               # or: columns command, id (optional), estimate_<tool> (seconds)
     timeout: 1h                  # per-task limit, also R_max for sampling; > 0
@@ -18,6 +19,17 @@ Schema (``timeout`` and exactly one task source are required)::
     outputs: "out/{task}.csv"    # a file or directory each task leaves, fetched after it succeeds
                                  #   into RUN_DIR/outputs/<task>/; relative to workdir; may use
                                  #   {task} and the sweep's parameters
+
+Sweep values are shell-quoted where they are filled in, for the quoting context the
+placeholder sits in: a bare ``{x}`` becomes one shell word (``'; touch x'``), inside
+``'...'`` a value's ``'`` is closed and escaped, inside ``"..."`` its ``$``, backquote, ``"``
+and backslash are escaped. So ``; touch x``, ``$(...)``, backquotes and ``x' y`` reach the
+command as text, never run. A parameter listed under ``unquoted`` is filled in as written
+(the explicit opt-out for values that are shell syntax: ``"a | b"``, ``"> out.txt"``); the
+``{task}``/parameter template of ``outputs`` is a path, never quoted. ``load_bag(...,
+warnings=[])`` collects warnings: values with shell metacharacters (quoted, so harmless, but
+maybe meant as syntax) and the values of unquoted parameters. A placeholder right after an
+escaping backslash is refused: the shell would take the value's first character as escaped.
 
 File paths are relative to the bag file. Task ids come from the CSV ``id`` column when there
 is one, else from the position: ``t000001``, ``t000002``, ... Sweep tasks are numbered in
@@ -42,10 +54,11 @@ from broker.core.model import Bag, Task
 
 from .errors import ConfigError, Problem
 from .fields import Checker, describe, is_identifier, join, suggestion
+from .shell_words import SHELL_META, CommandFiller
 from .yamlsource import Node, load_yaml
 
 _TASK_SOURCES = ("command", "tasks_file", "csv")
-_OPTIONAL_KEYS = ("name", "sweep", "retries", "setup", "workdir", "env", "outputs", *_TASK_SOURCES)
+_OPTIONAL_KEYS = ("name", "sweep", "unquoted", "retries", "setup", "workdir", "env", "outputs", *_TASK_SOURCES)
 _DEFAULT_RETRIES = 2
 # A sweep larger than this is almost surely a mistake (a range with a missing zero, say).
 MAX_TASKS = 10_000_000
@@ -54,8 +67,9 @@ _LINSPACE_DIGITS = 12
 _ESTIMATE_PREFIX = "estimate_"
 
 
-def load_bag(path: str | os.PathLike[str]) -> Bag:
-    """Read and validate the bag at ``path``; :class:`ConfigError` lists every problem."""
+def load_bag(path: str | os.PathLike[str], warnings: list[Problem] | None = None) -> Bag:
+    """Read and validate the bag at ``path``; :class:`ConfigError` lists every problem, and
+    ``warnings`` (when given) receives what is suspicious but allowed."""
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -63,10 +77,11 @@ def load_bag(path: str | os.PathLike[str]) -> Bag:
         raise ConfigError([Problem(source, None, "bag file not found")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([Problem(source, None, f"cannot read the bag file: {exc}")]) from None
-    return parse_bag(text, source, Path(path).parent)
+    return parse_bag(text, source, Path(path).parent, warnings=warnings)
 
 
-def parse_bag(text: str, source: str = "<bag>", base_dir: str | os.PathLike[str] | None = None) -> Bag:
+def parse_bag(text: str, source: str = "<bag>", base_dir: str | os.PathLike[str] | None = None,
+              warnings: list[Problem] | None = None) -> Bag:
     """Validate bag YAML ``text``; task files are looked up in ``base_dir`` (default: ``source``'s folder)."""
     base = Path(base_dir) if base_dir is not None else Path(source).parent
     root = load_yaml(text, source)
@@ -75,7 +90,8 @@ def parse_bag(text: str, source: str = "<bag>", base_dir: str | os.PathLike[str]
     if fields is None:  # not a mapping at all: nothing more to say
         check.raise_if_any()
     data_checks: list[Checker] = []
-    tasks = _tasks(check, fields, root, base, data_checks)
+    warn = Checker(source)  # its "problems" are warnings: they refuse nothing
+    tasks = _tasks(check, fields, root, base, data_checks, warn)
 
     timeout_s = check.duration(fields["timeout"], "timeout", positive=True) if "timeout" in fields else None
     retries = check.integer(fields["retries"], "retries", minimum=0) if "retries" in fields else _DEFAULT_RETRIES
@@ -88,6 +104,8 @@ def parse_bag(text: str, source: str = "<bag>", base_dir: str | os.PathLike[str]
     if optional_strings["outputs"] is not None:
         _check_outputs(check, fields["outputs"], optional_strings["outputs"], tasks)
     problems = [p for c in (check, *data_checks) for p in _in_line_order(c.problems)]
+    if warnings is not None:
+        warnings.extend(_in_line_order(warn.problems))
     if problems:
         raise ConfigError(problems)
     return Bag(
@@ -135,7 +153,8 @@ def _in_line_order(problems: list[Problem]) -> list[Problem]:
 
 
 def _tasks(
-    check: Checker, fields: dict[str, Node], root: Node | None, base: Path, data_checks: list[Checker]
+    check: Checker, fields: dict[str, Node], root: Node | None, base: Path, data_checks: list[Checker],
+    warn: Checker,
 ) -> list[Task]:
     """The tasks from the bag's one task source; ``[]`` once a problem is reported.
 
@@ -146,7 +165,7 @@ def _tasks(
     if source_key is None:
         return []
     if source_key == "command":
-        return _sweep_tasks(check, fields["command"], fields["sweep"])
+        return _sweep_tasks(check, fields["command"], fields["sweep"], fields.get("unquoted"), warn)
     data = _read_data_file(check, fields[source_key], source_key, base)
     if data is None:
         return []
@@ -173,9 +192,10 @@ def _task_source(check: Checker, fields: dict[str, Node], root: Node | None) -> 
         check.problem(given[1], f"give only one task source; this bag has {' and '.join(given)}", fields[given[1]].where)
         return None
     source_key = given[0]
-    if "sweep" in fields and source_key != "command":
-        check.problem("sweep", f"sweep fills a command template; it does not apply to {source_key}", fields["sweep"].where)
-        return None
+    for key in ("sweep", "unquoted"):
+        if key in fields and source_key != "command":
+            check.problem(key, f"{key} fills a command template; it does not apply to {source_key}", fields[key].where)
+            return None
     if source_key == "command" and "sweep" not in fields:
         check.problem(
             "sweep",
@@ -188,14 +208,18 @@ def _task_source(check: Checker, fields: dict[str, Node], root: Node | None) -> 
 
 
 # -- command + sweep ----------------------------------------------------------------------
-def _sweep_tasks(check: Checker, command_node: Node, sweep_node: Node) -> list[Task]:
-    """Fill the template with every combination of the sweep's values."""
+def _sweep_tasks(
+    check: Checker, command_node: Node, sweep_node: Node, unquoted_node: Node | None, warn: Checker
+) -> list[Task]:
+    """Fill the template with every combination of the sweep's values, each quoted for its place."""
     template = check.string(command_node, "command", what="a command template")
     sweep = _sweep(check, sweep_node)
-    if template is None or sweep is None:
+    unquoted = _unquoted(check, unquoted_node, sweep)
+    if template is None or sweep is None or unquoted is None:
         return []
     try:
         used = _placeholders(template)
+        fill = CommandFiller(template, unquoted)
     except ValueError as exc:
         check.problem("command", f"bad template: {exc}", command_node.where)
         return []
@@ -222,18 +246,56 @@ def _sweep_tasks(check: Checker, command_node: Node, sweep_node: Node) -> list[T
     if count > MAX_TASKS:
         check.problem("sweep", f"the sweep makes {count:,} tasks, more than the {MAX_TASKS:,} allowed", sweep_node.where)
         return []
+    _warn_shell_syntax(warn, sweep, sweep_node, unquoted)
     names = list(sweep)
     tasks: list[Task] = []
     for position, combination in enumerate(itertools.product(*sweep.values()), start=1):
         params = dict(zip(names, combination))
         try:
-            command = template.format(**params)
+            command = fill(params)
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
             shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
             check.problem("command", f"cannot fill the template with {shown}: {exc}", command_node.where)
             return []
         tasks.append(Task(id=_positional_id(position), command=command, params=params))
     return tasks
+
+
+def _unquoted(check: Checker, node: Node | None, sweep: dict[str, Sequence[object]] | None) -> frozenset[str] | None:
+    """The parameters listed under ``unquoted`` (each must be a sweep parameter)."""
+    if node is None:
+        return frozenset()
+    items = check.sequence(node, "unquoted")
+    if items is None:
+        return None
+    names: set[str] = set()
+    for index, item in enumerate(items):
+        name = check.string(item, join("unquoted", index), what="a sweep parameter name")
+        if name is None:
+            return None
+        if sweep is not None and name not in sweep:
+            check.problem(join("unquoted", index), f"'{name}' is not a sweep parameter{suggestion(name, sweep)}",
+                          item.where)
+            return None
+        names.add(name)
+    return frozenset(names)
+
+
+def _warn_shell_syntax(warn: Checker, sweep: dict[str, Sequence[object]], node: Node, unquoted: frozenset[str]) -> None:
+    for name, values in sweep.items():
+        if isinstance(values, range):  # integers: nothing to say
+            continue
+        meta = [str(v) for v in dict.fromkeys(values) if SHELL_META.search(str(v))]
+        if not meta:
+            continue
+        shown = ", ".join(repr(v) for v in meta[:3]) + (f" and {len(meta) - 3} more" if len(meta) > 3 else "")
+        if name in unquoted:
+            message = (f"{len(meta)} value(s) with shell metacharacters ({shown}) are filled in unquoted "
+                       f"(unquoted: [{name}]): the node's shell runs them as shell syntax")
+        else:
+            message = (f"{len(meta)} value(s) hold shell metacharacters ({shown}): each is passed quoted, as "
+                       f"text; list {name} under unquoted if they are meant as shell syntax")
+        warn.problem(join("sweep", name), message, node.value[name].where)
 
 
 def _placeholders(template: str) -> list[str]:

@@ -12,14 +12,11 @@ releases the file descriptors, so no thread ever reads a descriptor number reuse
 
 from __future__ import annotations
 
-import fcntl
 import os
 import select
-import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -153,44 +150,18 @@ def local_agent_pid(state_dir: str | os.PathLike[str]) -> int | None:
     The pid file is believed only while the state dir's lock is held, so a stale file left
     by a killed agent never points us at an unrelated process that reused its pid.
     """
-    directory = Path(state_dir)
-    try:
-        fd = os.open(directory / "agent.lock", os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        try:
-            return int((directory / "agent.pid").read_text().strip())
-        except (FileNotFoundError, ValueError):
-            return None
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
+    from workers.agent import agent_pid
+
+    return agent_pid(os.fspath(state_dir))
 
 
 def stop_local_agent(state_dir: str | os.PathLike[str], timeout_s: float = 10.0) -> bool:
-    """Stop the daemon serving ``state_dir``: SIGTERM (it cancels its tasks), SIGKILL if slow.
+    """Stop the daemon serving ``state_dir``: SIGTERM (it cancels its tasks and kills what they
+    left), SIGKILL if slow; then kill whatever still carries the state dir in its environment
+    (what the tasks of an agent killed or gone had left): ``workers.agent.stop_agent``.
 
     Returns True if an agent was running. Its unacknowledged results stay in the journal.
     """
-    pid = local_agent_pid(state_dir)
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return True
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if local_agent_pid(state_dir) is None:
-            return True
-        time.sleep(0.02)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    return True
+    from workers.agent import stop_agent
+
+    return stop_agent(os.fspath(state_dir), timeout_s)[0]

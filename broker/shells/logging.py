@@ -30,19 +30,12 @@ import structlog
 
 from broker.shells.diskfull import DiskFull, is_disk_full
 
-_SECRET_KEY_PARTS = (
-    "secret", "password", "passwd", "token", "private_key", "credential", "passphrase", "api_key", "apikey",
-    "access_key",
-)  # fmt: skip
-MASK = "***"
-_MIN_SECRET_LEN = 6  # shorter values would mask ordinary words and numbers everywhere
+# One rule for the broker and its agents (workers/protocol.py): which names hold credentials,
+# and how short a value is too short to mask (it would mask ordinary words and numbers).
+from workers.protocol import MASK, looks_secret  # noqa: F401 - looks_secret is this module's API too
+from workers.protocol import MIN_SECRET_LEN as _MIN_SECRET_LEN
+
 _secret_values: set[str] = set()
-
-
-def looks_secret(name: str) -> bool:
-    """Whether a key or variable name looks like it holds a credential."""
-    lowered = name.lower()
-    return any(part in lowered for part in _SECRET_KEY_PARTS)
 
 
 def register_secret(value: str) -> None:

@@ -31,6 +31,7 @@ import structlog
 from broker.core.model import AwsSettings, PrivateNode
 from broker.shells.agent_client import AgentClient
 from broker.shells.local_transport import attach_local_agent, stop_local_agent
+from broker.shells.private_files import make_private, private_dir
 
 log = structlog.get_logger()
 
@@ -52,8 +53,7 @@ class LocalAgents:
 
     def attach(self, node: str, slots: int, expect: tuple = ()) -> AgentClient:
         """``expect``: Runs a previous daemon submitted there (see AgentClient)."""
-        state_dir = agent_dir(self.run_dir, node)
-        state_dir.mkdir(parents=True, exist_ok=True)
+        state_dir = private_dir(agent_dir(self.run_dir, node))  # 0700 before the agent's first file
         transport = attach_local_agent(state_dir, slots, node=node, grace_s=1.0)
         try:
             return AgentClient(transport, node, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s,
@@ -141,11 +141,13 @@ def fetch_local(workdir: str | None, path: str, dest: Path, env: Mapping[str, st
     if not source.exists():
         raise FileNotFoundError(f"{source} does not exist")
     target = Path(dest) / (source.name or "output")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(target.parent)
     if source.is_dir():
         shutil.copytree(source, target, dirs_exist_ok=True)
+        make_private(target)  # copytree gives the copies their source's modes
         return sorted(p for p in target.rglob("*") if p.is_file())
     shutil.copy2(source, target)
+    make_private(target)
     return [target]
 
 
@@ -163,7 +165,9 @@ def fetch_over_ssh(session: Any, node: str, workdir: str | None, path: str, dest
             raise FileNotFoundError(f"cannot enter the working directory {workdir} on {node}: "
                                     f"{resolved.stderr.strip() or f'exit code {resolved.exit_code}'}")
         path = posixpath.join(resolved.stdout.strip().splitlines()[-1], path)
-    return session.fetch(path, dest)
+    files = session.fetch(path, dest)
+    make_private(dest)
+    return files
 
 
 def _shell_word(path: str) -> str:
@@ -209,7 +213,7 @@ def open_remote_agent_stream(session: Any, run_id: str, node: str, slots: int,
     remote_dir = session.deploy_agent(f"{remote_root}/agent")
     q = shlex.quote
     command = (
-        f"python3 {q(remote_dir + '/agent.py')} attach"
+        f"python3 -B {q(remote_dir + '/agent.py')} attach"  # -B: no __pycache__ (0755 under the login's umask)
         f" --state-dir {remote_path(remote_root, f'runs/{run_id}/{node}')}"
         f" --slots {int(slots)} --node {q(node)}"
     )

@@ -407,8 +407,8 @@ class SshSession:
         finally:
             channel.close()
 
-    def put(self, local_path: str | os.PathLike[str], remote_path: str, mode: int = 0o644) -> str:
-        """Upload a file atomically (temporary name, then rename), creating its directory.
+    def put(self, local_path: str | os.PathLike[str], remote_path: str, mode: int = 0o600) -> str:
+        """Upload a file atomically (temporary name, then rename), creating its directory (0700).
 
         ``remote_path`` may start with ``~/`` (the login's home). Returns the absolute remote path.
         """
@@ -444,7 +444,7 @@ class SshSession:
         ``python3 <dir>/agent.py`` runs with its siblings next to it.
         """
         for local in files if files is not None else agent_files():
-            self.put(local, posixpath.join(remote_dir, Path(local).name), mode=0o644)
+            self.put(local, posixpath.join(remote_dir, Path(local).name), mode=0o600)
         with self._sftp_lock:
             return self._sftp_client().normalize(_sftp_path(remote_dir))
 
@@ -531,7 +531,7 @@ class SshSession:
 
     @staticmethod
     def _makedirs(sftp: paramiko.SFTPClient, directory: str) -> None:
-        """``mkdir -p`` over SFTP."""
+        """``mkdir -p`` over SFTP; the directories it creates are private (0700)."""
         missing: list[str] = []
         current = directory
         while current not in ("", "/", "."):
@@ -543,7 +543,7 @@ class SshSession:
                 current = posixpath.dirname(current)
         for path in reversed(missing):
             try:
-                sftp.mkdir(path, mode=0o755)
+                sftp.mkdir(path, mode=0o700)
             except OSError:
                 # Another session may have created it meanwhile; anything else shows on put.
                 sftp.stat(path)

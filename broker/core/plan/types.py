@@ -67,14 +67,19 @@ class PlanOptions:
     tail_task_fraction: float = 0.5
     per_second_quantum_s: float = 300.0  # planning grid for billing units shorter than this
     time_limit_s: float = 2.0
-    # Relative optimality gap. Catalogues whose types have nearly equal work per dollar (the
-    # thesis catalogue) make proving a 1e-6 gap take seconds; 1e-3 (plans within 0.1% of the
-    # cheapest) solves in tens of milliseconds. Tests that compare with brute force pass 1e-9.
-    gap_rel: float = 1e-3
-    # "cbc" (bundled with pulp) or "highs" (needs highspy). bench/bench_plan.py compares them:
-    # neither wins everywhere, and CBC is always there.
-    solver: str = "cbc"
-    tie_break_usd: float = 1e-7  # per new instance-quantum; see mincost's docstring
+    # Relative optimality gap. 0: the cheapest plan, proven (HiGHS in process proves it in a
+    # few ms on the thesis catalogue, 75 ms at worst near the fastest makespan; CBC took
+    # seconds, so it used to run at 1e-3, plans within 0.1% of the cheapest).
+    gap_rel: float = 0.0
+    # Absolute optimality gap (USD): below the tie-break, so that equal-cost plans are told
+    # apart by it whatever solver ran (mincost's docstring).
+    gap_abs_usd: float = 1e-9
+    # "auto" (HiGHS in process, CBC without highspy), "highs" or "cbc": see plan/solver.py.
+    solver: str = "auto"
+    # Per new instance-quantum; see mincost's docstring. Large enough for CBC to resolve (at
+    # 1e-7 it returned plans 2e-8 above its optimum in the tie-broken objective, where HiGHS
+    # did not), small against any quantum's price.
+    tie_break_usd: float = 1e-6
     bisect_tol_s: float = 10.0  # min_makespan stops bisecting when the bracket is this narrow
 
     def allowance_s(self, speed: float, mean_ref_s: float, sd_ref_s: float = 0.0) -> float:

@@ -34,7 +34,6 @@ import structlog
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, WaiterError
 
-from broker.config.errors import Problem
 from broker.core.model import AwsSettings
 
 from .errors import RETRYABLE, classify, kind_of_code
@@ -381,52 +380,6 @@ class Ec2Fleet:
         else:
             message = f"could not check the AWS credentials ({failure.code}): {failure.message}"
         return CredentialCheck(False, message)
-
-    def check_catalogue(self, type_names: Iterable[str], ami: str | None, *, source: str | None = None) -> list[Problem]:
-        """Problems with instance types EC2 does not offer here and an AMI it does not know.
-
-        Called before anything is launched (``broker validate --live``); ``source`` names the
-        inventory file in the problems.
-        """
-        problems: list[Problem] = []
-        names = sorted(set(type_names))
-        if names:
-            type_filter = [{"Name": "instance-type", "Values": names}]
-
-            def offered() -> set[str]:
-                found: set[str] = set()
-                kwargs: dict[str, Any] = {"Filters": type_filter}
-                while True:
-                    page = self._ec2.describe_instance_types(**kwargs)
-                    found.update(t["InstanceType"] for t in page["InstanceTypes"])
-                    if not page.get("NextToken"):
-                        return found
-                    kwargs["NextToken"] = page["NextToken"]
-
-            result, _ = self._retrying("describe_instance_types", offered)
-            if isinstance(result, AwsFailure):
-                problems.append(Problem(source, "aws.types", f"could not list instance types: {result.render()}"))
-            else:
-                region = self.settings.region or "this region"
-                for name in names:
-                    if name not in result:
-                        problems.append(
-                            Problem(source, f"aws.types.{name}", f"instance type {name!r} is not offered in {region}")
-                        )
-        if not ami:
-            problems.append(Problem(source, "aws.ami", "no AMI given"))
-            return problems
-        images = self._retrying("describe_images", lambda: self._ec2.describe_images(ImageIds=[ami])["Images"])[0]
-        if isinstance(images, AwsFailure):
-            if images.kind is LaunchErrorKind.INVALID:
-                problems.append(Problem(source, "aws.ami", f"AMI {ami!r} not found: {images.message}"))
-            else:
-                problems.append(Problem(source, "aws.ami", f"could not look up AMI {ami!r}: {images.render()}"))
-        elif not images:
-            problems.append(Problem(source, "aws.ami", f"AMI {ami!r} not found"))
-        elif images[0].get("State", "available") != "available":
-            problems.append(Problem(source, "aws.ami", f"AMI {ami!r} is {images[0]['State']}, not available"))
-        return problems
 
     # -- plumbing --------------------------------------------------------------------------
     def _run_filters(self, extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
