@@ -41,6 +41,29 @@ class SshdUnavailable(RuntimeError):
     """sshd (or ssh-keygen) is not installed, or cannot run as this user."""
 
 
+@contextlib.contextmanager
+def connects_to(host: str, port: int) -> Iterator[list[tuple[str, int]]]:
+    """Record every TCP connect this process makes to ``host:port`` inside the block.
+
+    What a client did, seen from the client: the server's process table also shows what
+    other processes (and exiting or unreaped connection processes) do, and cannot tell them
+    apart from this client.
+    """
+    seen: list[tuple[str, int]] = []
+    original = socket.socket.connect
+
+    def connect(sock: socket.socket, address: object) -> None:
+        if isinstance(address, tuple) and tuple(address[:2]) == (host, port):
+            seen.append((host, port))
+        return original(sock, address)
+
+    socket.socket.connect = connect  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        socket.socket.connect = original  # type: ignore[method-assign]
+
+
 def sshd_missing_reason() -> str | None:
     """Why a real sshd cannot be started here, or ``None`` if it can."""
     if not os.access(SSHD_BINARY, os.X_OK):

@@ -45,13 +45,20 @@ def marked_processes(state_dir: Path) -> list[int]:
     return agent_task_processes(state_dir)
 
 
-def wait_until(predicate, timeout_s: float = 5.0) -> bool:
+def wait_until(predicate, timeout_s: float = 30.0) -> bool:
+    """Whether ``predicate`` came true within ``timeout_s`` (a hang guard, not a speed limit)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
             return True
         time.sleep(0.02)
     return predicate()
+
+
+def journaled(state_dir: Path, kind: str, task: str) -> bool:
+    """Whether the agent's journal holds a ``kind`` line (result, ack) for ``task``."""
+    path = state_dir / "journal"
+    return path.exists() and f'{{"type":"{kind}","task":"{task}"' in path.read_text()
 
 
 @pytest.fixture
@@ -71,7 +78,7 @@ def connect(state_dir: Path, slots: int = 4, **options) -> AgentClient:
     return AgentClient(attach_local_agent(state_dir, slots, **options), "local")
 
 
-def results_until(client: AgentClient, count: int, timeout_s: float = 10.0) -> tuple[dict, list]:
+def results_until(client: AgentClient, count: int, timeout_s: float = 30.0) -> tuple[dict, list]:
     """Collect events until ``count`` Results arrived; return them by key, plus every event."""
     results, events = {}, []
     deadline = time.monotonic() + timeout_s
@@ -128,7 +135,7 @@ def test_environment_working_directory_and_runtime(agent_dir, tmp_path):
     results, _ = results_until(client, 2)
     env = results[("env", 2)]
     assert env.stdout_tail == f"hi env 2\n{tmp_path}\n"
-    assert 0.3 <= env.runtime_s < 2.0
+    assert env.runtime_s >= 0.3  # measured around the whole task (no upper bound: a loaded machine is slow)
     nowhere = results[("nowhere", 1)]
     assert nowhere.exit_code is None and "cannot enter the working directory" in nowhere.error
     client.close()
@@ -143,10 +150,11 @@ def test_timeout_kills_the_whole_process_tree(agent_dir, tmp_path):
     result = results[("tree", 1)]
     assert result.timed_out and not result.cancelled
     assert result.exit_code == -signal.SIGTERM
-    assert 0.5 <= result.runtime_s < 0.5 + 1.0 + 0.5
-    assert time.monotonic() - started < 3.0
+    # Killed at its timeout, not left to its 30 s sleeps (the bound is a guard, far from both).
+    assert 0.5 <= result.runtime_s < 15.0
+    assert time.monotonic() - started < 15.0
     child = int(pid_file.read_text())
-    assert wait_until(lambda: not Path(f"/proc/{child}").exists() or _is_zombie(child), 2.0)
+    assert wait_until(lambda: not Path(f"/proc/{child}").exists() or _is_zombie(child))
     client.close()
 
 
@@ -163,7 +171,7 @@ def test_a_task_ignoring_sigterm_is_killed_after_the_grace(agent_dir):
     results, _ = results_until(client, 1)
     result = results[("stubborn", 1)]
     assert result.timed_out and result.exit_code == -signal.SIGKILL
-    assert 0.8 <= result.runtime_s < 2.0
+    assert 0.8 <= result.runtime_s < 15.0  # the timeout plus the grace, then SIGKILL: not its 30 s sleep
     client.close()
 
 
@@ -182,10 +190,13 @@ def test_progress_lines_are_reported_with_elapsed_time(agent_dir):
     client = connect(agent_dir, progress_poll_s=0.05)
     command = "echo BROKER_PROGRESS 0.25; sleep 0.4; echo BROKER_PROGRESS 0.75; echo BROKER_PROGRESS 2; sleep 0.4"
     client.submit([Run("steps", 1, command)])
-    _, events = results_until(client, 1)
+    results, events = results_until(client, 1)
     progress = [e for e in events if isinstance(e, Progress)]
     assert [p.fraction for p in progress] == [0.25, 0.75]  # 2 is not a fraction
-    assert progress[0].elapsed_s < 0.4 <= progress[1].elapsed_s < 0.8
+    # Each is stamped when a poll noticed it, while the task ran (how soon after it was
+    # printed depends on how loaded the machine is): the second came after the first sleep.
+    assert progress[0].elapsed_s <= progress[1].elapsed_s <= results[("steps", 1)].runtime_s
+    assert progress[1].elapsed_s >= 0.4
     client.close()
 
 
@@ -211,7 +222,7 @@ def test_a_result_finished_while_detached_is_replayed_until_acked(agent_dir):
     wait_for(client, Started)
     client._link.transport.kill()  # the connection drops mid-task (like an SSH session dying)
     assert any(isinstance(e, NodeLost) for e in client.poll(2.0))
-    time.sleep(0.8)  # the task finishes with nobody attached
+    assert wait_until(lambda: journaled(agent_dir, "result", "survivor"))  # it finished with nobody attached
     hello = client.reattach(attach_local_agent(agent_dir, 4))
     assert hello.pending_results == 1 and hello.running == ()
     results, _ = results_until(client, 1)
@@ -223,7 +234,7 @@ def test_a_result_finished_while_detached_is_replayed_until_acked(agent_dir):
     assert again.hello.pending_results == 1
     results, _ = results_until(again, 1)
     again.ack([("survivor", 1)])
-    time.sleep(0.2)
+    assert wait_until(lambda: journaled(agent_dir, "ack", "survivor"))
     again.close()
 
     after_ack = connect(agent_dir)
@@ -261,7 +272,7 @@ def test_a_task_running_when_the_agent_died_is_reported_and_killed(agent_dir):
     result = results[("orphan", 1)]
     assert result.exit_code is None and "the agent stopped while this attempt ran" in result.error
     assert "killed" in result.error
-    assert wait_until(lambda: not marked_processes(agent_dir), 3.0)
+    assert wait_until(lambda: not marked_processes(agent_dir))
     fresh.close()
 
 
@@ -295,7 +306,7 @@ def test_stdio_mode_dies_with_its_pipe(agent_dir):
     assert results[("quick", 1)].stdout_tail == "hi\n"
     client.close()
     assert transport.process.wait(5.0) == 0
-    assert wait_until(lambda: not marked_processes(agent_dir), 3.0)
+    assert wait_until(lambda: not marked_processes(agent_dir))
 
 
 def test_a_master_of_another_version_gets_the_agents_hello_then_the_door(agent_dir):
@@ -331,7 +342,7 @@ def test_idle_agent_exits_on_its_own(agent_dir):
     results_until(client, 1)
     assert local_agent_pid(agent_dir) is not None
     client.close()
-    assert wait_until(lambda: local_agent_pid(agent_dir) is None, 5.0)
+    assert wait_until(lambda: local_agent_pid(agent_dir) is None)
 
 
 def test_a_state_dir_longer_than_the_socket_path_limit_works(tmp_path):
@@ -412,5 +423,5 @@ def test_what_a_task_leaves_behind_in_its_group_is_killed_when_it_exits(agent_di
     results, _ = results_until(client, 1)
     assert results[("leaver", 1)].ok
     background = int(pid_file.read_text())
-    assert wait_until(lambda: _is_zombie(background), 2.0)
+    assert wait_until(lambda: _is_zombie(background))
     client.close()

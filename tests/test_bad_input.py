@@ -188,6 +188,7 @@ from typing import Callable  # noqa: E402
 
 from broker.cli import main as cli_main  # noqa: E402
 from broker.shells.ssh import SshError, SshTarget, connect  # noqa: E402
+from tests.sshd import connects_to  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -280,9 +281,9 @@ def _(env: ProbeEnv) -> Seen:
 @probe("ssh-key-readable-by-others", "ssh", "permissions 0644", "are too open", "chmod 600")
 def _(env: ProbeEnv) -> Seen:
     env.sshd.client_key_path.chmod(0o644)
-    before = len(env.sshd.connection_pids())
-    message = _ssh_failure(_target(env))
-    assert len(env.sshd.connection_pids()) == before  # refused before connecting
+    with connects_to(env.sshd.host, env.sshd.port) as attempts:
+        message = _ssh_failure(_target(env))
+    assert attempts == []  # refused before connecting
     return Seen(message, str(env.sshd.client_key_path))
 
 

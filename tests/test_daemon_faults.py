@@ -481,12 +481,17 @@ def test_losing_every_instance_at_once_does_not_end_a_run_the_budget_can_still_p
     node is left. The run must not give up while the budget can pay: it waits for a re-plan,
     launches again and finishes, within the budget."""
     budget = 0.5
-    inv, bag = tmp_path / "inv.yaml", tmp_path / "bag.yaml"
+    inv, bag, gate = tmp_path / "inv.yaml", tmp_path / "bag.yaml", tmp_path / "gate"
     inv.write_text(CLOUD_ONLY)
-    # Tasks of 2 s: the fleet must still have work when the test terminates it (with 1 s
-    # tasks a loaded machine let the bag finish first: the broker released the instances
-    # itself and none was ever lost; failed once in CI).
-    bag.write_text(BAG.replace("[T]", "[2.0, 2.1]").replace("retries: 2", "retries: 3"))
+    # The fleet must still have work when the test terminates it. Tasks of a given length
+    # did not ensure it: a loaded machine let the bag finish first (the broker released the
+    # instances itself and none was ever lost). So a task started once the run has planned
+    # waits for the gate the test opens after the termination; sampling is not held up.
+    task = tmp_path / "task.sh"
+    task.write_text(f"if grep -q '\"plan.solved\"' {run_dir / 'events.jsonl'}; then\n"
+                    f"  while [ ! -e {gate} ]; do sleep 0.05; done\nfi\nsleep $1 && echo $2\n")
+    bag.write_text(f'command: "sh {task} {{t}} {{k}}"\nsweep:\n  t: [2.0, 2.1]\n  k: [1, 2, 3, 4, 5]\n'
+                   "timeout: 60s\nretries: 3\n")
     proc = start_broker("run", "--dry-run", "--yes", "--budget", f"{budget}", "--tick", "60s",
                         "--inventory", str(inv), str(bag), "--run-dir", str(run_dir))
     try:
@@ -498,8 +503,10 @@ def test_losing_every_instance_at_once_does_not_end_a_run_the_budget_can_still_p
         victims = [i for (i,) in query(run_dir, "SELECT id FROM instances WHERE state <> 'terminated'")]
         with fake_aws_environment(DEFAULT_REGION):
             server_client(find_moto_server(run_dir), DEFAULT_REGION).terminate_instances(InstanceIds=victims)
+        gate.touch()
         out, err = proc.communicate(timeout=180)
     finally:
+        gate.touch()  # no task is left waiting, whatever happened
         if proc.poll() is None:
             proc.kill()
             proc.communicate(timeout=30)

@@ -18,6 +18,7 @@ from broker.core.estimate import make_rule
 from broker.core.model import Bag, PrivateNode, Task
 from broker.shells.local_transport import local_agent_pid
 from broker.shells.sampling_runner import (
+    SampleProgress,
     SamplingFailed,
     SamplingInterrupted,
     attached_nodes,
@@ -81,9 +82,11 @@ def test_bats_estimate_is_the_mean_of_the_first_draws_at_reference_speed(run_dir
     assert [t.task_id for t in used] == [bag.tasks[i].id for i in order[:30]]
     assert estimate.mean_ref_s == pytest.approx(np.mean([t.runtime_ref_s for t in used]), rel=1e-9)
     assert all(t.runtime_ref_s == pytest.approx(2.0 * t.runtime_s) for t in used)
-    true_mean_ref_s = 2.0 * float(np.mean(sleeps))
-    # 30 of 40 drawn: the sample mean is within ~4% of the bag's; process start-up only adds.
-    assert 0.9 * true_mean_ref_s <= estimate.mean_ref_s <= 1.2 * true_mean_ref_s
+    # Each runtime is measured around the whole task (its sleep, plus a process start-up that
+    # a loaded machine can make as long as it likes: no upper bound is a fact of the code).
+    sleep_of = {task.id: d for task, d in zip(bag.tasks, sleeps)}
+    assert all(t.runtime_s >= sleep_of[t.task_id] for t in used)
+    assert estimate.mean_ref_s >= 2.0 * np.mean([sleep_of[t.task_id] for t in used])
     assert sorted(lines(tmp_path / "ran.log")) == sorted(outcome.tasks)
 
 
@@ -97,8 +100,15 @@ def test_ebstop_reads_results_in_draw_order_keeps_the_extra_ones_and_runs_no_tas
         sleeps[index] = round(0.2 - 0.0125 * (k % slots), 4)
     log = tmp_path / "ran.log"
     bag = logged_bag(sleeps, log, timeout_s=0.25)
-    with capture_logs() as events:
-        outcome = run(bag, run_dir, "ebstop", eps=0.5, delta=0.1, slots=slots, drain_means=None)
+    rule = make_rule("ebstop", 0.5, 0.1, bag.timeout_s, n_tasks=len(bag))
+    reports: list[tuple[SampleProgress, bool]] = []  # after each batch of results: progress, rule satisfied
+
+    def watch(progress: SampleProgress) -> None:
+        reports.append((progress, not rule.wants_more()))
+
+    with capture_logs() as events, attached_nodes([node(slots)], run_dir, run_id="test") as (nodes, inbox):
+        outcome = sample_bag(bag, nodes, inbox, rule, np.random.default_rng(SEED), drain_means=None,
+                             on_progress=watch)
 
     estimate = outcome.estimate
     ran = lines(log)
@@ -112,8 +122,16 @@ def test_ebstop_reads_results_in_draw_order_keeps_the_extra_ones_and_runs_no_tas
     used = [t for t in in_draw_order if t.used]
     extra = [t for t in in_draw_order if not t.used]
     assert used == in_draw_order[: estimate.samples]
-    # When the rule stopped, the other slots-1 slots were busy with later draws: kept, not lost.
-    assert len(extra) >= slots - 1
+    # The batch of results that satisfied the rule found every slot busy (ebstop draws ahead);
+    # the draws still running then were waited for (drain_means=None) and kept, not lost.
+    # (How many were still running depends on how many results the loaded machine delivered
+    # in that batch; that every one of them is kept does not.)
+    stop = next(i for i, (_, satisfied) in enumerate(reports) if satisfied)
+    before = reports[stop - 1][0].completed if stop else 0
+    at_stop = reports[stop][0]
+    assert at_stop.running + (at_stop.completed - before) == slots
+    assert len(in_draw_order) == at_stop.completed + at_stop.running
+    assert len(extra) == len(in_draw_order) - estimate.samples
     assert not outcome.cancelled
 
     replay = make_rule("ebstop", 0.5, 0.1, bag.timeout_s, n_tasks=len(bag))
@@ -128,14 +146,25 @@ def test_ebstop_reads_results_in_draw_order_keeps_the_extra_ones_and_runs_no_tas
 
 
 def test_draws_still_running_when_the_rule_stops_are_cancelled_without_a_drain(run_dir, tmp_path):
+    n_tasks, slots, quick = 200, 8, 5
+    order = np.random.default_rng(SEED).permutation(n_tasks)
+    # The first `quick` draws sleep 0.05 s: at speed 1000 that is 50 reference seconds, past
+    # R_max, so each is Z = 1 however loaded the machine is, and ebstop stops after exactly
+    # these five. Every later draw sleeps past the test: certainly still running at the stop.
+    sleeps = [60.0] * n_tasks
+    for index in order[:quick]:
+        sleeps[index] = 0.05
     log = tmp_path / "ran.log"
-    bag = logged_bag([0.3] * 200, log, timeout_s=0.5)
-    outcome = run(bag, run_dir, "ebstop", eps=0.5, delta=0.1, slots=8, drain_means=0.0)
-    assert outcome.cancelled, "ebstop draws ahead, so draws are in flight when it stops"
-    assert not set(outcome.cancelled) & set(outcome.tasks)
-    assert all(t.used for t in outcome.tasks.values() if t.draw <= outcome.estimate.samples)
-    ran = lines(log)
-    assert len(ran) == len(set(ran)) and set(outcome.tasks) <= set(ran)
+    bag = logged_bag(sleeps, log, timeout_s=30.0)
+    outcome = run(bag, run_dir, "ebstop", eps=0.5, delta=0.1, slots=slots, speed=1000.0, drain_means=0.0)
+
+    first = [bag.tasks[i].id for i in order[:quick]]
+    assert outcome.estimate.samples == quick and outcome.estimate.capped == quick
+    assert list(outcome.tasks) == first and all(t.used for t in outcome.tasks.values())
+    assert len(outcome.cancelled) >= slots - quick, "ebstop draws ahead: the other slots were busy when it stopped"
+    drawn_later = [bag.tasks[i].id for i in order[quick : quick + len(outcome.cancelled)]]
+    assert sorted(outcome.cancelled) == sorted(drawn_later)
+    assert sorted(lines(log)) == sorted(first), "a cancelled draw ran to its end"
 
 
 def test_timeouts_count_as_capped_samples(run_dir, tmp_path):

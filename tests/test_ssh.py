@@ -22,7 +22,7 @@ from broker.shells.ssh import (
     connect,
 )
 import tests.sshd
-from tests.sshd import TestSshd
+from tests.sshd import TestSshd, connects_to
 from tests.sshd_fixtures import require_sshd
 
 pytestmark = [pytest.mark.sshd, pytest.mark.usefixtures("structlog_defaults")]
@@ -131,14 +131,17 @@ def test_a_key_the_server_does_not_know_is_refused_clearly(sshd: TestSshd, tmp_p
 
 def test_a_private_key_readable_by_others_is_refused_before_connecting(sshd: TestSshd) -> None:
     sshd.client_key_path.chmod(0o644)
-    before = len(sshd.connection_pids())
-    with pytest.raises(KeyFileRejected) as refused:
+    with connects_to(sshd.host, sshd.port) as attempts, pytest.raises(KeyFileRejected) as refused:
         connect(target_for(sshd))
     message = str(refused.value)
     assert "permissions 0644" in message and "too open" in message
     assert f"chmod 600 {sshd.client_key_path}" in message
     assert sshd.client_key_path.read_text().splitlines()[1] not in message  # no key material
-    assert len(sshd.connection_pids()) == before
+    assert attempts == []
+    sshd.client_key_path.chmod(0o600)  # the same connect, allowed, is seen connecting
+    with connects_to(sshd.host, sshd.port) as attempts:
+        connect(target_for(sshd)).close()
+    assert attempts == [(sshd.host, sshd.port)]
 
 
 def test_missing_and_garbage_key_files_are_named(tmp_path: Path) -> None:

@@ -60,11 +60,14 @@ stdout, noticed within ``progress_poll_s`` (its ``elapsed_s`` is accurate to tha
 
 Output cap. Each stream's file keeps at most ``max_output_bytes`` (``--max-output-bytes``,
 else ``$BROKER_AGENT_MAX_OUTPUT_BYTES``, else 100 MiB; 0 means no cap). The sizes are
-checked at every progress poll: a file past the cap is cut back to it there, so between two
-polls it can exceed the cap by what the task writes in one poll interval. When the task
-ends a truncated file gets a last line saying so, the Result's tail (still the last bytes
-the task wrote) ends with the same note, and ``agent.log`` records it. The count of bytes
-written is the file's largest size seen, exact for a task that writes its stream in order.
+checked at every progress poll: past the cap, the disk blocks beyond it are freed there (a
+hole punched, the file's size kept), so between two polls a file can hold more than the cap
+by what the task writes in one poll interval. When the task ends a truncated file is cut to
+the cap and gets a last line saying so, the Result's tail (still the last bytes the task
+wrote) ends with the same note, and ``agent.log`` records it. The count of bytes written is
+the file's size, which the punched holes leave as the task's writes made it: exact for a
+task that writes its stream in order. Where the file system cannot punch holes the file is
+cut back to the cap instead, and the count then misses what the task wrote during a cut.
 
 Results are journaled before they are sent and replayed on every new connection until the
 master acknowledges them, so neither a dropped connection nor an agent restart loses one.
@@ -122,6 +125,7 @@ EXIT_FLUSH_TIMEOUT_S = 5.0
 TASK_UMASK_ENV = "BROKER_TASK_UMASK"
 ORPHAN_SCAN_S = 1.0  # how often, while tasks run, newly adopted processes are attributed to them
 _PR_SET_CHILD_SUBREAPER = 36
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 0x01, 0x02  # linux/falloc.h
 
 Key = Tuple[str, int]
 
@@ -453,6 +457,26 @@ class _Cut:
         self.written = 0
         self.tail = b""
         self.cut_at = 0
+
+
+_fallocate: Optional[Callable[..., int]] = None  # libc's, loaded on the first cut
+
+
+def _punch_hole(fd: int, start: int, end: int) -> bool:
+    """Free the disk blocks of bytes ``[start, end)`` of ``fd`` and keep its size; False if
+    the system cannot. Unlike a truncation this cannot lose track of bytes the task writes
+    while it happens: they only move the file's size on."""
+    global _fallocate
+    if _fallocate is None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            function = getattr(libc, "fallocate64", None) or libc.fallocate
+        except (OSError, AttributeError):
+            return False
+        function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        function.restype = ctypes.c_int
+        _fallocate = function
+    return _fallocate(fd, FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE, start, end - start) == 0
 
 
 def _recent_bytes(fd: int, size: int, cut: Optional[_Cut], cap: int) -> bytes:
@@ -1030,7 +1054,8 @@ class Agent:
             if cut is None:
                 cut = task.capped[fd] = _Cut()
             cut.tail, cut.written, cut.cut_at = recent, max(cut.written, size), size
-            os.ftruncate(fd, cap)
+            if not _punch_hole(fd, cap, size):
+                os.ftruncate(fd, cap)  # bytes written between the fstat and here are not counted
             if fd == task.out_fd and task.progress_offset > cap:
                 task.progress_offset, task.progress_carry = size, None  # resume after the hole
 

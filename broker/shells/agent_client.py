@@ -254,26 +254,39 @@ class AgentClient:
         link.done.set()
 
     def _read_until_lost(self, link: _Link) -> str | None:
-        """Feed the protocol until the stream ends; None if that was expected, else why."""
+        """Feed the protocol until the stream ends; None if that was expected, else why.
+
+        Silence is a loss only once a ping has gone unanswered for ``dead_after_s -
+        ping_interval_s`` too: if this thread itself was held up past ``dead_after_s`` (a
+        loaded machine, a suspended laptop), the agent is asked before it is blamed.
+        """
         last_heard = time.monotonic()
         next_ping = last_heard + self.ping_interval_s
+        first_ping: float | None = None  # when the first ping of the current silence went out
+        patience_s = self.dead_after_s - self.ping_interval_s
         while not link.stopped:
-            wait_s = min(next_ping, last_heard + self.dead_after_s) - time.monotonic()
+            lost_at = last_heard + self.dead_after_s
+            if first_ping is not None:
+                lost_at = max(lost_at, first_ping + patience_s)
+            wait_s = min(next_ping, lost_at) - time.monotonic()
             try:
                 data = link.transport.recv(1 << 18, timeout_s=max(0.0, wait_s))
+                now = time.monotonic()
+                if data is None and first_ping is not None and now >= lost_at:
+                    data = link.transport.recv(1 << 18, timeout_s=0.0)  # what came while we were held up
+                    if data is None:
+                        return f"silent for {self.dead_after_s:g} s"
             except (TransportClosed, OSError) as exc:
                 return f"the transport failed: {exc}"
-            now = time.monotonic()
             if data is None:
-                if now >= last_heard + self.dead_after_s:
-                    return f"silent for {self.dead_after_s:g} s"
-                if now >= next_ping:
+                if now >= next_ping or now >= lost_at:
                     with self._lock:
                         self._ping_seq += 1
                         self._send_locked([Ping(self._ping_seq)], link)
+                    first_ping = now if first_ping is None else first_ping
                     next_ping = now + self.ping_interval_s
                 continue
-            last_heard = now
+            last_heard, first_ping = now, None
             next_ping = now + self.ping_interval_s
             link.conn.receive_data(data)
             while True:
