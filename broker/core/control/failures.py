@@ -43,6 +43,7 @@ class FailurePolicy:
     distinct_nodes: int = 2  # the same error on this many nodes quarantines the task (0: off)
     node_strikes: int = 3  # distinct tasks failing in a row on one node make it bad (0: off)
     type_cooldown_s: float = 1800.0  # a type refused for capacity or a limit is avoided this long
+    reattaches: int = 5  # a node's agent is re-attached at most this many times a run, then lost
 
     def __post_init__(self) -> None:
         if self.retries < 0:
@@ -53,6 +54,24 @@ class FailurePolicy:
             raise ValueError(f"node_strikes must be >= 0, got {self.node_strikes}")
         if self.type_cooldown_s < 0:
             raise ValueError(f"type_cooldown_s must be >= 0, got {self.type_cooldown_s}")
+        if self.reattaches < 0:
+            raise ValueError(f"reattaches must be >= 0, got {self.reattaches}")
+
+
+# What a lost agent reports for the attempts it was running: no fault of the task.
+AGENT_STOPPED = "agent stopped while this attempt ran"
+
+
+def signature(exit_code: int | None, timed_out: bool, error: str | None) -> str | None:
+    """A failed attempt's error as compared across nodes: a timeout, its exit code, or the
+    agent's error text; None when the attempt went with its agent (no fault of the task)."""
+    if timed_out:
+        return "timed out"
+    if exit_code is not None:
+        return f"exit code {exit_code}"
+    if error and AGENT_STOPPED in error:
+        return None
+    return error or None
 
 
 class Outcome(enum.Enum):
