@@ -96,8 +96,10 @@ class Ledger:
         self._live_usd = 0.0  # charges so far of the live ones (a running sum: O(1) a query)
         self._billing: list[tuple[float, str]] = []
         self._booting: list[tuple[float, str]] = []
-        self._late: set[str] = set()  # not ready past their boot delay (view depends on now)
-        self._dirty: set[str] = set()
+        # Dicts used as ordered sets: the snapshot's node order must not depend on string
+        # hashing (a replay in another process must see the same order).
+        self._late: dict[str, None] = {}  # not ready past their boot delay (view depends on now)
+        self._dirty: dict[str, None] = {}
         self._views: dict[str, NodeView] = {}
         self._free: dict[str, NodeView] = {}
 
@@ -330,7 +332,7 @@ class Ledger:
         """A private node joins (not ready until :meth:`on_node_ready`)."""
         record = NodeRecord(node.name, node.slots, node.speed, cost_per_hour=node.cost_per_hour)
         self._add(record)
-        self._late.add(record.id)
+        self._late[record.id] = None
         return record
 
     def _add(self, node: NodeRecord) -> None:
@@ -372,7 +374,7 @@ class Ledger:
         if node is None or node.terminated_at_s is not None or node.ready_at_s is not None:
             return False
         node.ready_at_s = now
-        self._late.discard(node_id)
+        self._late.pop(node_id, None)
         self._touch(node)
         return True
 
@@ -403,8 +405,10 @@ class Ledger:
         otherwise the node takes no more work and an instance is released (``gone``: EC2 says
         it no longer exists, cause ``instance_lost``; else ``node_lost``)."""
         node = self.nodes.get(node_id)
-        if node is None or node.terminated_at_s is not None or (node.down if comes_back else node.lost):
+        if node is None or node.terminated_at_s is not None:
             return [], []
+        if (comes_back and node.down) or (not comes_back and not gone and node.lost):
+            return [], []  # already known (an instance EC2 says is gone still loses what it ran)
         if comes_back:
             node.down = True
             self._touch(node)
@@ -465,7 +469,7 @@ class Ledger:
         self._live.pop(node.id, None)
         self._cloud_live.pop(node.id, None)
         self._live_by_type[node.type.name] -= 1
-        self._late.discard(node.id)
+        self._late.pop(node.id, None)
         self._closed_usd += node.cost_usd(now)
         self._live_usd -= node.charged_usd
         if not self._cloud_live:
@@ -525,7 +529,7 @@ class Ledger:
     # -- the snapshot ------------------------------------------------------------------------
     def _touch(self, node: NodeRecord) -> None:
         node.view = None
-        self._dirty.add(node.id)
+        self._dirty[node.id] = None
 
     def _view(self, node: NodeRecord, now: float) -> NodeView:
         if node.view is not None:
@@ -557,7 +561,7 @@ class Ledger:
             _, node_id = heapq.heappop(self._booting)
             node = self.nodes[node_id]
             if node.ready_at_s is None and node.terminated_at_s is None:
-                self._late.add(node_id)
+                self._late[node_id] = None
                 node.view = None
         if self._late:
             self._dirty.update(self._late)
