@@ -21,7 +21,10 @@ from broker.shells.moto_world import (
     server_client,
     start_moto_server,
 )
-from tests.test_dryrun import agent_pids, query
+from tests.test_cli_run import LOCAL_ONLY
+from broker.shells.local_transport import local_agent_pid
+from broker.shells.nodes import agent_dir
+from tests.test_dryrun import query
 from tests.test_resume import (
     assert_every_task_done_once,
     assert_nothing_left,
@@ -42,14 +45,6 @@ timeout: 30s
 retries: 2
 """
 
-LOCAL_ONLY = """\
-private:
-  - name: local
-    local: true
-    slots: 2
-    speed: 1.0
-"""
-
 SLOW_BAG = """\
 command: "sleep 1.5; echo {k}"
 sweep:
@@ -65,8 +60,8 @@ def test_resume_after_a_failed_task_rebuilds_the_failure_book(tmp_path, run_dir)
     bag.write_text(FAILING_BAG)
     killed = broker(*run_args(inv, bag, run_dir), crash="event:task.failed:2", keep_moto=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    failures_then = query(run_dir, "SELECT failures FROM tasks WHERE id = 't000007'")[0][0]
-    assert failures_then == 2
+    # The kill lands inside the batch that recorded the second failure: the journal has one.
+    assert query(run_dir, "SELECT failures FROM tasks WHERE id = 't000007'") == [(1,)]
 
     resumed = broker(*run_args(inv, bag, run_dir))
     assert "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
@@ -88,7 +83,7 @@ def test_a_cancelled_replay_after_sigterm_to_an_agent_is_requeued_and_the_run_en
     try:
         wait_for(proc, run_dir, lambda: query(run_dir, "SELECT count(*) FROM attempts WHERE outcome = 'running'")[0][0]
                  >= 2, "two running attempts")
-        (agent,) = agent_pids(run_dir)
+        agent = local_agent_pid(agent_dir(run_dir, "local"))
         os.kill(agent, signal.SIGTERM)  # a private node's agent stopped: it cancels what it runs
         out, err = proc.communicate(timeout=120)  # hung forever before
     finally:
@@ -99,6 +94,9 @@ def test_a_cancelled_replay_after_sigterm_to_an_agent_is_requeued_and_the_run_en
     assert_every_task_done_once(run_dir, 4)
     lost = query(run_dir, "SELECT count(*) FROM attempts WHERE outcome = 'lost'")[0][0]
     assert lost >= 2  # each cancelled attempt was journaled as ended, then re-run
+    # The node was down while its agent stopped (no work sent to it), then back.
+    assert [e["attempts"] for e in journal_events(run_dir, "node.down")] == [lost]
+    assert journal_events(run_dir, "agent.reattached")
     assert_nothing_left(run_dir)
 
 

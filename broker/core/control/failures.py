@@ -60,6 +60,8 @@ class FailurePolicy:
 
 # What a lost agent reports for the attempts it was running: no fault of the task.
 AGENT_STOPPED = "agent stopped while this attempt ran"
+# What a stopping agent (SIGTERM: a node rebooting) answers a Run it will not start.
+AGENT_STOPPING = "the agent is shutting down"
 
 
 def signature(exit_code: int | None, timed_out: bool, error: str | None) -> str | None:
@@ -69,7 +71,7 @@ def signature(exit_code: int | None, timed_out: bool, error: str | None) -> str 
         return "timed out"
     if exit_code is not None:
         return f"exit code {exit_code}"
-    if error and AGENT_STOPPED in error:
+    if error and (AGENT_STOPPED in error or AGENT_STOPPING in error):
         return None
     return error or None
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.core.control.actions import Assign, Cancel, Replicate, ScheduleRelease
-from broker.core.control.failures import signature
+from broker.core.control.failures import AGENT_STOPPING, signature
 from broker.core.control.ledger import Ended, Followup, NodeQuarantined, Quarantine, Requeue
 from broker.shells.agent_client import NodeLost, TaskLost
 from broker.shells.journal import AttemptResult
@@ -101,11 +101,10 @@ class AttemptsMixin:
 
     def _on_result(self, node: str, r: Result) -> bool:
         now = self.clock.now_s()
-        if r.cancelled:
-            # The agent cancelled it without being asked (it was stopped: a node rebooting):
-            # the attempt is lost (ours were written off when we cancelled them).
-            e = self.ledger.on_attempt_lost(node, r.task, r.attempt, now)
-            return self._lost(e, f"cancelled on {node}: its agent was stopped")
+        if r.cancelled or (r.error and AGENT_STOPPING in r.error):
+            # The agent cancels or refuses work without being asked (ours were written off when
+            # we cancelled them): it is stopping (SIGTERM, a node rebooting).
+            return self._agent_stopping(node, r)
         outcome = AttemptResult(exit_code=r.exit_code, runtime_s=r.runtime_s, timed_out=r.timed_out,
                                 stdout_tail=mask_secrets(r.stdout_tail), stderr_tail=mask_secrets(r.stderr_tail),
                                 error=mask_secrets(r.error))
@@ -124,6 +123,21 @@ class AttemptsMixin:
         self.journal.task_finished(r.task, r.attempt, outcome, node=node, at_s=now)
         if e.outcome == "done":
             self._done(node, r, e)
+        return True
+
+    def _agent_stopping(self, node: str, r: Result) -> bool:
+        """A stopping agent cancels what it runs and takes nothing new: the node is down until
+        its agent is re-attached (its connection ends soon); its attempts are lost, each a
+        failure that says nothing about its task, and re-run elsewhere."""
+        record = self.ledger.nodes[node]
+        if not any(a.task_id == r.task and a.attempt == r.attempt for a in record.running.values()):
+            return False  # an attempt already written off
+        reason = f"cancelled on {node}: its agent is stopping"
+        ended, _ = self.ledger.on_node_lost(node, self.clock.now_s(), comes_back=True)
+        self._emit("node.down", node=node, reason="its agent is stopping", attempts=len(ended))
+        for e in ended:
+            self.journal.attempt_lost(e.attempt.task_id, e.attempt.attempt, reason)
+            self._failed(e, reason)
         return True
 
     def _done(self, node: str, r: Result, e: Ended) -> None:
@@ -196,6 +210,7 @@ class AttemptsMixin:
         except Exception as exc:  # noqa: BLE001 - the node is then lost, which is reported
             self._emit("agent.reattach_failed", node=node, reason=reason, error=str(exc))
             return False
+        self.ledger.on_node_back(node, self.clock.now_s())  # if it was down (its agent stopping)
         self._emit("agent.reattached", node=node, reason=reason, running=len(self.ledger.nodes[node].running),
                    attempt=self.ledger.nodes[node].reattaches)
         return True
