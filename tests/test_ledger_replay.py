@@ -18,7 +18,7 @@ from broker.core.control.ledger import Ledger
 from broker.core.control.snapshot import Goal, Memory
 from broker.core.model import PrivateNode
 from broker.shells.run import trace
-from tests.test_dryrun import REPO
+from tests.test_dryrun import REPO, query
 from tests.test_resume import run_args, run_dir, write_inputs  # noqa: F401 - run_dir: the fixture
 
 FAILING_BAG = """\
@@ -39,6 +39,8 @@ def test_replaying_a_dry_runs_ledger_events_gives_the_same_actions(tmp_path, run
     done = subprocess.run([sys.executable, "-m", "broker", *run_args(inv, bag, run_dir)], cwd=REPO,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 1, done.stderr[-3000:]  # one task fails for good
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert query(run_dir, "SELECT DISTINCT state FROM instances") == [("terminated",)]  # recorded to the end
 
     entries = trace.read(path)
     header = entries[0]["header"]

@@ -110,6 +110,13 @@ class Daemon(AttemptsMixin, NodesMixin):
 
     def run(self) -> RunReport:
         try:
+            return self._run()
+        finally:
+            if self.trace is not None:
+                self.trace.close()
+
+    def _run(self) -> RunReport:
+        try:
             self._start()
         except DiskFull as exc:
             self._release_without_journal(exc)
@@ -123,9 +130,6 @@ class Daemon(AttemptsMixin, NodesMixin):
         except BaseException:
             self._wind_down()
             raise
-        finally:
-            if self.trace is not None:
-                self.trace.close()
         state = self._wind_down()
         return self._report(state)
 
