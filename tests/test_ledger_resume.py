@@ -112,3 +112,5 @@ def test_instance_rows_come_back_with_their_cost_and_their_release_rule():
     assert resume_release(led, "i-2", 3000.0, 5000.0, 120.0) == ScheduleRelease("i-2", 5000.0, "resumed_past_release")
     assert resume_release(led, "i-3", 9000.0, 5000.0, 120.0) == ScheduleRelease("i-3", 9000.0, "resumed")
     assert resume_release(led, "i-0", None, 5000.0, 120.0) is None
+    assert resume_release(led, "i-3", 9000.0, 5000.0, 120.0, interrupted=True) == ScheduleRelease(
+        "i-3", 5000.0, "interrupted_release")

@@ -8,11 +8,12 @@ on the inbox as events instead of return values).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from broker.core.model import MachineType
+from broker.shells.aws.records import AwsFailure
 from broker.shells.clock import RunClock
 from broker.shells.journal import Journal
 
@@ -24,8 +25,7 @@ class Launched:
     """What a launch call gave: the instances (id, launch time in run s) and any failure."""
 
     instances: tuple[tuple[str, float], ...]
-    failure: Any = None  # LaunchFailure | None
-    tokens: tuple[str, ...] = field(default=())
+    failure: AwsFailure | None = None
 
 
 class Ec2Actuator:

@@ -159,10 +159,8 @@ def resume(d: "Daemon") -> Resumed:
     for r in releases:
         if not d.ledger.nodes[r.id].alive:
             continue  # lost or bad: its release is under way already
-        if r.id in redo_terminate:
-            d._release_timer(d.ledger.schedule_release(r.id, now, "interrupted_release", now))
-        else:
-            d._release_timer(resume_release(d.ledger, r.id, r.release_at_s, now, d.config.margin_s))
+        d._release_timer(resume_release(d.ledger, r.id, r.release_at_s, now, d.config.margin_s,
+                                        interrupted=r.id in redo_terminate))
     led = d.ledger
     d._emit("run.resume", run_dir=str(d.opt.run_dir), at_s=round(now, 3), tasks=led.tasks_total, done=len(led.done),
             failed=len(led.quarantined), pending=len(led.pool), reattached=reattached, requeued=requeued,

@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from broker.core.control.snapshot import Memory
 from broker.shells.agent_client import AgentClient
+from broker.shells.aws.records import DescribeOutcome, LaunchOutcome, Reconciliation, TerminateOutcome
 from workers.protocol import Run
 
 SETUP_TASK = "__setup__"
@@ -17,13 +18,13 @@ SETUP_TASK = "__setup__"
 class Fleet(Protocol):
     """EC2 as the run uses it (:class:`~broker.shells.aws.Ec2Fleet`; moto in a dry run)."""
 
-    def launch(self, type_name: str, count: int, *, client_token: str) -> Any: ...  # LaunchOutcome
+    def launch(self, type_name: str, count: int, *, client_token: str) -> LaunchOutcome: ...
 
-    def terminate(self, instance_ids: Iterable[str]) -> Any: ...  # TerminateOutcome
+    def terminate(self, instance_ids: Iterable[str]) -> TerminateOutcome: ...
 
-    def describe(self) -> Any: ...  # DescribeOutcome
+    def describe(self) -> DescribeOutcome: ...
 
-    def reconcile(self, known_ids: Iterable[str]) -> Any: ...  # Reconciliation
+    def reconcile(self, known_ids: Iterable[str]) -> Reconciliation: ...
 
 
 class Nodes(Protocol):

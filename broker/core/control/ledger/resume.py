@@ -124,12 +124,16 @@ def restore(ledger: Ledger, rows: JournalRows, speeds: Mapping[str, float]) -> R
 
 
 def resume_release(ledger: Ledger, instance_id: str, journaled_at_s: float | None, now: float,
-                   margin_s: float) -> Followup | None:
-    """A resumed instance's release: as journaled, else at its paid-until minus the margin;
-    at once (``resumed_past_release``) when that moment has passed while no daemon ran."""
+                   margin_s: float, interrupted: bool = False) -> Followup | None:
+    """A resumed instance's release: at once when the dead daemon was terminating it
+    (``interrupted``: its intent was left open; ``interrupted_release``), else as journaled,
+    else at its paid-until minus the margin; at once (``resumed_past_release``) when that
+    moment has passed while no daemon ran."""
     node = ledger.nodes.get(instance_id)
     if node is None or node.type is None or node.terminated_at_s is not None:
         return None
+    if interrupted:
+        return ledger.schedule_release(instance_id, now, "interrupted_release", now)
     at = journaled_at_s
     if at is None:
         at = node.type.billing.paid_until(node.launched_at_s, max(now, node.launched_at_s)) - margin_s
