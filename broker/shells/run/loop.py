@@ -54,7 +54,17 @@ from .attempts import AttemptsMixin, _round
 from .nodes_mixin import NodesMixin
 from .report import RunReport, build_report
 from .trace import RecordingLedger, Trace, action_json
-from .types import DaemonOptions, Fleet, Nodes, PriorSamples, ReleaseDue, SpendRequest, Tick
+from .types import (
+    Attached,
+    BootDone,
+    DaemonOptions,
+    Fleet,
+    Nodes,
+    PriorSamples,
+    ReleaseDue,
+    SpendRequest,
+    Tick,
+)
 
 
 class Daemon(AttemptsMixin, NodesMixin):
@@ -414,8 +424,6 @@ class Daemon(AttemptsMixin, NodesMixin):
                            failed=list(outcome.failed))
 
     def _on_control(self, message: Any) -> bool:
-        from .types import Attached, BootDone
-
         if isinstance(message, BootDone):
             return self._on_boot(message.instance_id)
         if isinstance(message, Attached):

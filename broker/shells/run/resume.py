@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 from broker.core.control.ledger import Ledger, restore_instance, resume_release
 
+from .types import BootDone
+
 if TYPE_CHECKING:
     from .loop import Daemon
 
@@ -146,7 +148,7 @@ def resume(d: "Daemon") -> Resumed:
             reattached += _reattach(d, r.id, running.pop(r.id, []), r.id in ready)
         else:
             d.clients[r.id] = None
-            d.timers.at(r.launched_at_s + t.boot_s, _boot_done(r.id), f"boot-{r.id}")
+            d.timers.at(r.launched_at_s + t.boot_s, BootDone(r.id), f"boot-{r.id}")
         releases.append(r)
     requeued = 0
     with j.batch():  # attempts on nodes that are gone: back to the pool (no failure: the daemon died)
@@ -167,12 +169,6 @@ def resume(d: "Daemon") -> Resumed:
             adopted=adopted, terminated=terminated, committed_usd=round(j.committed_usd(), 6),
             time_scale=d.clock.time_scale)
     return Resumed(reattached, requeued, adopted, terminated)
-
-
-def _boot_done(instance_id: str):
-    from .types import BootDone
-
-    return BootDone(instance_id)
 
 
 def _reattach(d: "Daemon", node: str, running: list, was_ready: bool) -> int:
