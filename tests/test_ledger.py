@@ -248,3 +248,12 @@ def test_a_node_not_ready_past_its_boot_delay_is_shown_not_ready_yet():
     assert led.snapshot(211.0).nodes[0].ready(211.0)
     led.add_private(PrivateNode("p", 1, 1.0))  # a private node waits for its agent too
     assert not led.snapshot(212.0).nodes[-1].ready(212.0)
+
+
+def test_a_task_sampled_by_another_command_is_done_observed_and_not_pooled():
+    led = Ledger(TYPES)
+    led.adopt_done("a", 2, 30.0, 20.0)
+    led.add_tasks([("a", 20.0), ("b", None)])
+    assert led.done == {"a"} and "a" not in led.pool and "b" in led.pool
+    assert led.sample_keys == {("a", 2)} and led.attempts["a"] == 2
+    assert led.obs.count == 1 and led.obs.sum_estimate_ref_s == 20.0 and led.obs.sum_ratio == 1.5

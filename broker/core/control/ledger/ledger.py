@@ -146,13 +146,15 @@ class Ledger:
     def copies(self, task_id: str) -> list[Attempt]:
         return list(self._copies.get(task_id, {}).values())
 
-    def adopt_done(self, task_id: str, attempt: int, runtime_ref_s: float) -> None:
-        """A task another command already ran to success (``broker plan --sample``)."""
+    def adopt_done(self, task_id: str, attempt: int, runtime_ref_s: float, estimate_ref_s: float | None = None) -> None:
+        """A task another command already ran to success (``broker plan --sample``); its
+        estimate (when the bag has one) corrects the others' as a finished task's does."""
         self.done.add(task_id)
         self.attempts[task_id] = max(self.attempts.get(task_id, 0), attempt)
         self.sampled.add(task_id)
         self.sample_keys.add((task_id, attempt))
-        self.obs = self.obs.add(runtime_ref_s, self.estimates.get(task_id))
+        self.obs = self.obs.add(runtime_ref_s, estimate_ref_s if estimate_ref_s is not None
+                                else self.estimates.get(task_id))
 
     def _requeue(self, task: str, retry: bool, cause: str) -> Requeue | None:
         if (task in self.done or task in self.pool or self._copies.get(task)
