@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         kills = ", ".join(p for _, p in c.kills)
         print(f"chain {c.index:2d}: {len(c.kills)} kills [{kills}]"
               + (f", not reached: {c.not_reached[0][1]}" if c.not_reached else "")
-              + (f" (faulty bag, {c.agent_sigterms} agents SIGTERMed)" if c.faulty else "")
+              + (f" (faulty bag, {c.agent_sigterms} agent processes SIGTERMed)" if c.faulty else "")
               + f"; lost {c.lost}, duplicates {c.duplicates + c.reruns}, orphans {c.orphans}, "
               f"wrongly quarantined {c.quarantined_wrongly}, "
               f"re-attached {c.reattached}, spend ${c.spend_final:.3f}, {c.runs} runs in {c.wall_s:.1f} s"
@@ -449,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     faulty_chains = [c for c in s.chains if c.faulty]
     print(f"faulty bags:          {len(faulty_chains)} chains (a transient failure, a poison task, a timed-out "
           f"task), {sum(len(c.kills) for c in faulty_chains)} of the kill points, "
-          f"{s.total('agent_sigterms')} agents SIGTERMed")
+          f"agents SIGTERMed mid-run in {sum(1 for c in faulty_chains if c.agent_sigterms)} of them "
+          f"({s.total('agent_sigterms')} agent processes)")
     print(f"tasks lost:           {s.total('lost')} of {s.total('tasks')}")
     print(f"wrongly quarantined:  {s.total('quarantined_wrongly')} (the poison and timed-out tasks must be, no other)")
     print(f"hung:                 {sum(1 for c in s.chains if c.error and 'Timeout' in c.error)} (a run that never ended)")
