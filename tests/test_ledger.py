@@ -59,7 +59,7 @@ def test_no_requeue_while_another_copy_runs_or_once_done():
     e = led.on_attempt_failed("p", "a", 1, 1.0, "exit code 1")
     assert not [f for f in e.followups if isinstance(f, Requeue)] and "a" not in led.pool  # copy 2 still runs
     assert led.on_result("p", "a", 2, 2.0).outcome == "done"
-    assert led.cancel_running("p", "stop") == [] and "a" not in led.pool
+    assert led.cancel_running("p", "stop", 3.0) == [] and "a" not in led.pool
 
 
 def test_start_refuses_busy_slots_gone_nodes_and_tasks_not_pending():
@@ -257,3 +257,19 @@ def test_a_task_sampled_by_another_command_is_done_observed_and_not_pooled():
     assert led.done == {"a"} and "a" not in led.pool and "b" in led.pool
     assert led.sample_keys == {("a", 2)} and led.attempts["a"] == 2
     assert led.obs.count == 1 and led.obs.sum_estimate_ref_s == 20.0 and led.obs.sum_ratio == 1.5
+
+
+def test_the_idle_watch_says_since_when_a_ready_node_has_nothing_running():
+    led = ledger(tasks=("a", "b"))
+    assert led.nodes["p"].idle_since_s == 0.0  # ready at 0, nothing running
+    led.start("a", "p", 0, 5.0)
+    led.start("b", "p", 1, 6.0)
+    assert led.nodes["p"].idle_since_s is None
+    led.on_result("p", "a", 1, 7.0)
+    assert led.nodes["p"].idle_since_s is None  # b still runs
+    led.on_attempt_failed("p", "b", 1, 9.0, "exit code 1")
+    assert led.nodes["p"].idle_since_s == 9.0
+    led.on_launched("i-1", "c5", 10.0, 10.0)
+    assert led.nodes["i-1"].idle_since_s is None  # not ready yet
+    led.on_node_ready("i-1", 100.0)
+    assert led.nodes["i-1"].idle_since_s == 100.0

@@ -372,7 +372,7 @@ class Daemon(AttemptsMixin, NodesMixin):
             node = self.ledger.nodes[name]
             if node.type is None:
                 with self.journal.batch():
-                    self._carry_out(self.ledger.cancel_running(name, cause))
+                    self._carry_out(self.ledger.cancel_running(name, cause, now))
                 self.nodes.stop(name, self.clients[name])
                 self.clients[name] = None
         state = "finished" if self.ledger.settled >= self.ledger.tasks_total else "stopped"

@@ -207,13 +207,16 @@ class Ledger(SnapshotMixin):
 
     def _run(self, node: NodeRecord, a: Attempt) -> None:
         node.running[a.slot] = a
+        node.idle_since_s = None
         self._copies.setdefault(a.task_id, {})[(a.node, a.slot)] = a
         self._running += 1
         self._touch(node)
 
-    def _stop(self, a: Attempt) -> None:
+    def _stop(self, a: Attempt, now: float) -> None:
         node = self.nodes[a.node]
         del node.running[a.slot]
+        if not node.running:
+            node.idle_since_s = now
         self._running -= 1
         copies = self._copies[a.task_id]
         del copies[(a.node, a.slot)]
@@ -227,10 +230,10 @@ class Ledger(SnapshotMixin):
                 return a
         return None
 
-    def _cancel_copies(self, task: str, cause: str) -> list[Followup]:
+    def _cancel_copies(self, task: str, cause: str, now: float) -> list[Followup]:
         out: list[Followup] = []
         for a in list(self._copies.get(task, {}).values()):
-            self._stop(a)
+            self._stop(a, now)
             out.append(Cancel(task, a.attempt, cause, a.node))
         return out
 
@@ -241,7 +244,7 @@ class Ledger(SnapshotMixin):
         a = self._find(node_id, task_id, attempt)
         if a is None:
             return STALE  # a cancelled copy, a replay, or an attempt already written off
-        self._stop(a)
+        self._stop(a, now)
         if task_id in self.done:
             return Ended("replica", a)
         node = self.nodes[node_id]
@@ -251,7 +254,7 @@ class Ledger(SnapshotMixin):
         ref = (now - a.started_at_s if runtime_s is None else runtime_s) * node.speed
         self.obs = self.obs.add(ref, self.estimates.get(task_id))
         self.last_done_s = now
-        return Ended("done", a, None, tuple(self._cancel_copies(task_id, "first_result_wins")), ref)
+        return Ended("done", a, None, tuple(self._cancel_copies(task_id, "first_result_wins", now)), ref)
 
     def on_attempt_failed(self, node_id: str, task_id: str, attempt: int, now: float, signature: str | None) -> Ended:
         """An attempt ended without a result; ``signature`` names the error as compared across
@@ -260,7 +263,7 @@ class Ledger(SnapshotMixin):
         a = self._find(node_id, task_id, attempt)
         if a is None:
             return STALE
-        self._stop(a)
+        self._stop(a, now)
         return self._failed(a, signature, "failed", now)
 
     def on_attempt_lost(self, node_id: str, task_id: str, attempt: int, now: float) -> Ended:
@@ -270,7 +273,7 @@ class Ledger(SnapshotMixin):
         a = self._find(node_id, task_id, attempt)
         if a is None:
             return STALE
-        self._stop(a)
+        self._stop(a, now)
         if a.resumed:
             r = self._requeue(task_id, False, "never_reached_agent")
             return Ended("cancelled", a, None, (r,) if r else ())
@@ -291,7 +294,7 @@ class Ledger(SnapshotMixin):
             if task in self.pool:
                 self.pool.remove(task)
             followups.append(Quarantine(task, verdict.reason, verdict.failures, node.id))
-            followups += self._cancel_copies(task, "quarantined")
+            followups += self._cancel_copies(task, "quarantined", now)
         else:
             r = self._requeue(task, True, "retry")
             if r is not None:
@@ -319,14 +322,14 @@ class Ledger(SnapshotMixin):
         node.lost = True
         self._touch(node)
 
-    def cancel_running(self, node_id: str, cause: str) -> list[Followup]:
+    def cancel_running(self, node_id: str, cause: str, now: float) -> list[Followup]:
         """Cancel (not fail) every attempt on the node; their tasks go back to the pool."""
         node = self.nodes.get(node_id)
         if node is None:
             return []
         stopped = list(node.running.values())
         for a in stopped:
-            self._stop(a)
+            self._stop(a, now)
         out: list[Followup] = [Cancel(a.task_id, a.attempt, cause, a.node) for a in stopped]
         return out + [r for r in (self._requeue(a.task_id, False, cause) for a in stopped) if r is not None]
 
@@ -377,6 +380,8 @@ class Ledger(SnapshotMixin):
         if node is None or node.terminated_at_s is not None or node.ready_at_s is not None:
             return False
         node.ready_at_s = now
+        if not node.running:
+            node.idle_since_s = now
         self._late.pop(node_id, None)
         self._touch(node)
         return True
@@ -419,7 +424,7 @@ class Ledger(SnapshotMixin):
             self._set_lost(node)
         ended = []
         for a in list(node.running.values()):
-            self._stop(a)
+            self._stop(a, now)
             ended.append(self._failed(a, None, "lost", now))
         followups: list[Followup] = []
         if not comes_back and node.type is not None:
@@ -464,7 +469,7 @@ class Ledger(SnapshotMixin):
         self._advance_billing(now)
         stopped = list(node.running.values())
         for a in stopped:
-            self._stop(a)
+            self._stop(a, now)
         if node.alive:
             self._alive -= 1
         node.terminated_at_s = now

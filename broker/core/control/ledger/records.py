@@ -53,6 +53,7 @@ class NodeRecord:
     down: bool = False  # its agent is away and expected back; its attempts were lost
     reattaches: int = 0
     running: dict[int, Attempt] = field(default_factory=dict)  # slot -> attempt
+    idle_since_s: float | None = None  # ready with nothing running since then (None: busy or not ready)
     paid_until_s: float = -math.inf  # billing, refreshed when the clock passes it
     charged_usd: float = 0.0
     view: NodeView | None = None
