@@ -31,6 +31,7 @@ from typing import Iterable, Mapping, Sequence
 
 from ...model import MachineType, PrivateNode
 from ..actions import Cancel, Launch, ScheduleRelease
+from ..causes import ReleaseCause
 from ..failures import FailureBook, FailurePolicy, TypeCooldown, may_give_up
 from ..pool import TaskPool
 from ..snapshot import NodeView, Observations
@@ -313,7 +314,7 @@ class Ledger(SnapshotMixin):
         self._set_lost(node)
         out: list[Followup] = [NodeQuarantined(node.id)]
         if node.type is not None and node.terminated_at_s is None:
-            out.append(self._release_now(node, now, "bad_node"))
+            out.append(self._release_now(node, now, ReleaseCause.BAD_NODE))
         return out
 
     def _set_lost(self, node: NodeRecord) -> None:
@@ -364,7 +365,7 @@ class Ledger(SnapshotMixin):
         if not math.isfinite(release_after_s):
             return None
         return self.schedule_release(instance_id, launched_at_s + planned_life_s(t, release_after_s),
-                                     "planned_life", now)
+                                     ReleaseCause.PLANNED_LIFE, now)
 
     def on_launch_failed(self, type_name: str, now: float, kind: str) -> float | None:
         """A launch was refused or cut short (``kind``: capacity, limit, partial, throttled,
@@ -392,7 +393,7 @@ class Ledger(SnapshotMixin):
         if node is None or node.terminated_at_s is not None:
             return []
         self._set_lost(node)
-        return [self._release_now(node, now, "setup_failed")] if node.type is not None else []
+        return [self._release_now(node, now, ReleaseCause.SETUP_FAILED)] if node.type is not None else []
 
     def on_budget_stop(self) -> None:
         """The controller stopped buying (``StopForBudget``): the stall watch ends the run sooner."""
@@ -428,7 +429,8 @@ class Ledger(SnapshotMixin):
             ended.append(self._failed(a, None, "lost", now))
         followups: list[Followup] = []
         if not comes_back and node.type is not None:
-            followups.append(self._release_now(node, now, "instance_lost" if gone else "node_lost"))
+            cause = ReleaseCause.INSTANCE_LOST if gone else ReleaseCause.NODE_LOST
+            followups.append(self._release_now(node, now, cause))
         return ended, followups
 
     def on_node_back(self, node_id: str, now: float) -> bool:

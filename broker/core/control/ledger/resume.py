@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from ..actions import ScheduleRelease
+from ..causes import ReleaseCause
 from ..failures import signature
 from .ledger import Ledger
 from .records import Followup
@@ -133,11 +134,12 @@ def resume_release(ledger: Ledger, instance_id: str, journaled_at_s: float | Non
     if node is None or node.type is None or node.terminated_at_s is not None:
         return None
     if interrupted:
-        return ledger.schedule_release(instance_id, now, "interrupted_release", now)
+        return ledger.schedule_release(instance_id, now, ReleaseCause.INTERRUPTED_RELEASE, now)
     at = journaled_at_s
     if at is None:
         at = node.type.billing.paid_until(node.launched_at_s, max(now, node.launched_at_s)) - margin_s
-    return ledger.schedule_release(instance_id, at, "resumed_past_release" if at <= now else "resumed", now)
+    cause = ReleaseCause.RESUMED_PAST_RELEASE if at <= now else ReleaseCause.RESUMED
+    return ledger.schedule_release(instance_id, at, cause, now)
 
 
 def restore_instance(ledger: Ledger, row: InstanceRow, now: float) -> ScheduleRelease | None:
