@@ -119,7 +119,8 @@ class Journal(JournalReader):
     def _insert_tasks(db: sqlite3.Connection, tasks: Iterable[Task]) -> int:
         rows = ((t.id, t.command, _json_or_null(t.params), _json_or_null(t.estimates_s)) for t in tasks)
         try:
-            return db.executemany("INSERT INTO tasks (id, command, params, estimates) VALUES (?, ?, ?, ?)", rows).rowcount
+            cur = db.executemany("INSERT INTO tasks (id, command, params, estimates) VALUES (?, ?, ?, ?)", rows)
+            return cur.rowcount
         except sqlite3.IntegrityError as exc:
             raise JournalError(f"task ids must be unique within a run: {exc}") from exc
 
@@ -270,8 +271,9 @@ class Journal(JournalReader):
 
     def requeue_running(self, node: str, *, at_s: float | None = None) -> list[str]:
         """A node was lost: end its running attempts as ``lost`` (each a failure) and send
-        their tasks back to pending unless another attempt still runs or the task is settled. Returns the ids of the tasks now pending;
-        their next start carries attempt ``attempts + 1`` (see :meth:`pending_tasks`)."""
+        their tasks back to pending unless another attempt still runs or the task is settled.
+        Returns the ids of the tasks now pending; their next start carries attempt
+        ``attempts + 1`` (see :meth:`pending_tasks`)."""
         now = self._now(at_s)
         with self._write() as db:
             task_ids = [
