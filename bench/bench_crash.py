@@ -2,7 +2,9 @@
 
     python3 bench/bench_crash.py [--points 50] [--parallel 2] [--workdir DIR]
 
-How: a tiny bag (10 tasks of 0.2-0.5 s) on one local slot plus up to three 2-slot EC2
+How: a tiny bag (10 tasks of 0.2-0.5 s; every other chain a faulty bag of 8 tasks with a
+transient failure, a poison task and one that always times out, whose agents are also
+SIGTERMed once while tasks run) on one local slot plus up to three 2-slot EC2
 types served by the run's moto server, at time scale 60 with a 10 s tick. Kill points are
 exact: ``BROKER_CRASH_AT=<point>:<n>`` makes the daemon SIGKILL itself right after the
 n-th occurrence of a journal write, an event or an EC2 call (``broker/shells/crashpoints.py``).
@@ -14,7 +16,9 @@ is not reached (the run finished first) ends the chain and is not counted as tri
 After each chain, from the journal, the moto server (kept up for the check by
 ``BROKER_DRY_RUN_KEEP_MOTO``) and the process table:
 
-- lost: tasks not done;
+- lost: tasks not done (in a faulty-bag chain, other than the poison and timed-out tasks,
+  which must end quarantined: ``wrongly quarantined`` counts any that do not, or any other);
+- hung: a ``broker run`` that does not end (its chain errs on the timeout);
 - duplicates: tasks with more than one ``task.done`` event in the journal, plus attempts
   started after the task's counted attempt had already ended (a re-run of a done task);
 - orphans: instances of the run's tag still alive in moto, journal rows not terminated,
@@ -40,6 +44,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -76,6 +81,19 @@ timeout: 30s
 retries: 2
 """
 
+# Every other chain runs this bag instead: a task that fails once (then succeeds), a poison
+# task (exit 3 every time, everywhere), a task that always times out, and slower ones that an
+# agent SIGTERM catches running. The poison and timed-out tasks must end quarantined, every
+# other task done once.
+FAULTY_BAG = """\
+command: "python3 -c 'import os, sys, time; k = {k}; m = os.path.join(sys.argv[1], str(k)); once = k == 2 and not os.path.exists(m); open(m, chr(97)).close(); time.sleep(60 if k == 4 else 0.5 + 0.1 * k); sys.exit(3 if k == 3 or once else 0)' MARKS"
+sweep:
+  k: [1, 2, 3, 4, 5, 6, 7, 8]
+timeout: 2s
+retries: 2
+"""
+EXPECTED_QUARANTINED = {"t000003", "t000004"}  # the poison task and the one that times out
+
 ARGS = ("--dry-run", "--yes", "--deadline", "2m", "--tick", "10s")
 
 # Kill points by phase, in the order a run meets them. Chain k takes the k-th point of
@@ -95,6 +113,10 @@ PHASES: dict[str, tuple[str, ...]] = {
         "task_started:1", "batch:2", "event:task.done:1", "task_finished:2", "task_started:3", "batch:4",
         "event:task.done:2", "task_finished:1", "batch:1", "task_started:2", "event:task.done:3",
         "batch:3", "task_finished:3",
+    ),
+    "failing": (
+        "event:task.failed:1", "attempt_lost:1", "quarantine:1", "event:task.quarantined:1",
+        "event:task.failed:2", "event:task.failed:3", "task_finished:4", "quarantine:2",
     ),
     "releasing": (
         "intend:terminate:1", "fleet.terminate:1", "event:instance.terminated:1", "fleet.terminate:2",
@@ -122,6 +144,9 @@ class Chain:
     orphans_journal: int = 0
     orphans_agents: int = 0
     open_intents: int = 0
+    quarantined_wrongly: int = 0  # expected-quarantined tasks not quarantined, or others quarantined
+    agent_sigterms: int = 0
+    faulty: bool = False
     spend_at_kills: list[float] = field(default_factory=list)
     spend_final: float = 0.0
     reattached: int = 0
@@ -137,8 +162,14 @@ class Chain:
         return sum(1 for s in self.spend_at_kills if self.spend_final + 1e-9 < s)
 
 
+def faulty(k: int) -> bool:
+    """Odd chains run the faulty bag (and get their agents SIGTERMed once)."""
+    return k % 2 == 1
+
+
 def chain_points(k: int) -> list[tuple[str, str]]:
-    return [(phase, points[k % len(points)]) for phase, points in PHASES.items()]
+    return [(phase, points[k % len(points)]) for phase, points in PHASES.items()
+            if phase != "failing" or faulty(k)]
 
 
 _FORK: multiprocessing.context.ForkServerContext | None = None
@@ -179,20 +210,45 @@ def _forked_main(argv: list[str], env: dict[str, str], out: str, err: str) -> No
         os._exit(rc)
 
 
-def _broker(run_dir: Path, files: Path, crash: str | None, timeout_s: float = 180.0) -> subprocess.CompletedProcess:
+def _sigterm_agents_once(run_dir: Path, done: "threading.Event", sent: list[int]) -> None:
+    """Once attempts run, SIGTERM the run's agents (a private node rebooting): they cancel
+    what they run and say so; the daemon must re-attach and run those attempts again."""
+    while not done.wait(0.05):
+        try:
+            running = _query(run_dir, "SELECT count(*) FROM attempts WHERE outcome = 'running'")[0][0]
+        except Exception:  # noqa: BLE001 - no journal (or no table) yet
+            continue
+        if running >= 2:
+            for pid in agent_pids(run_dir):
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                    sent.append(pid)
+                except ProcessLookupError:
+                    pass
+            return
+
+
+def _broker(run_dir: Path, files: Path, crash: str | None, timeout_s: float = 180.0,
+            sigterm_agents: list[int] | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "BROKER_DRY_RUN_KEEP_MOTO": "1"}
     env.pop("BROKER_CRASH_AT", None)
     if crash is not None:
         env["BROKER_CRASH_AT"] = crash
     argv = ["run", *ARGS, "--inventory", str(files / "inv.yaml"), str(files / "bag.yaml"), "--run-dir", str(run_dir)]
     if _FORK is None:
+        if sigterm_agents is not None:
+            raise ValueError("SIGTERMing agents needs the fork server (use_fork_server)")
         return subprocess.run([sys.executable, "-m", "broker", *argv], cwd=REPO, stdin=subprocess.DEVNULL,
                               capture_output=True, text=True, timeout=timeout_s, env=env)
     n = len(list(files.glob("out.*")))
     out, err = files / f"out.{n}", files / f"err.{n}"
     child = _FORK.Process(target=_forked_main, args=(argv, env, str(out), str(err)))
     child.start()
+    done = threading.Event()
+    if sigterm_agents is not None:
+        threading.Thread(target=_sigterm_agents_once, args=(run_dir, done, sigterm_agents), daemon=True).start()
     child.join(timeout_s)
+    done.set()
     if child.exitcode is None:
         child.kill()
         child.join()
@@ -244,13 +300,17 @@ def run_chain(index: int, workdir: Path) -> Chain:
     files = workdir / f"chain{index:02d}"
     files.mkdir(parents=True, exist_ok=True)
     (files / "inv.yaml").write_text(INVENTORY)
-    (files / "bag.yaml").write_text(BAG)
-    chain = Chain(index, files / "run")
+    marks = files / "marks"
+    marks.mkdir(exist_ok=True)
+    (files / "bag.yaml").write_text(FAULTY_BAG.replace("MARKS", str(marks)) if faulty(index) else BAG)
+    chain = Chain(index, files / "run", faulty=faulty(index))
     started = time.monotonic()
     try:
         finished = False
         for phase, point in chain_points(index):
-            done = _broker(chain.run_dir, files, point)
+            sigterms: list[int] | None = [] if chain.faulty and phase == "dispatching" and _FORK is not None else None
+            done = _broker(chain.run_dir, files, point, sigterm_agents=sigterms)
+            chain.agent_sigterms += len(sigterms or ())
             chain.runs += 1
             if done.returncode == -signal.SIGKILL:
                 chain.kills.append((phase, point))
@@ -263,14 +323,14 @@ def run_chain(index: int, workdir: Path) -> Chain:
             finished = True
             break
         if not finished:
-            done = _broker(chain.run_dir, files, None)
+            done = _broker(chain.run_dir, files, None, timeout_s=240.0)
             chain.runs += 1
             chain.final_rc = done.returncode
             if done.returncode == 2 and "already ended (finished)" in done.stderr:
                 # The last kill came after the journal recorded the run as finished: there is
                 # nothing left to resume, and `broker run` says so (check() still counts).
                 chain.final_rc = 0
-            elif done.returncode != 0:
+            elif done.returncode not in ((0, 1) if chain.faulty else (0,)):  # a faulty bag ends with failures: 1
                 raise RuntimeError(f"the last resume exited {done.returncode}:\n{done.stderr[-3000:]}")
         chain.wall_s = time.monotonic() - started
         check(chain)
@@ -294,7 +354,10 @@ def check(chain: Chain) -> None:
     for (fields,) in _query(run_dir, "SELECT fields FROM events WHERE name = 'task.done'"):
         task = json.loads(fields)["task"]
         done_events[task] = done_events.get(task, 0) + 1
-    chain.lost = sum(1 for t, state in tasks.items() if state != "done" or t not in done_events)
+    expected = EXPECTED_QUARANTINED if chain.faulty else set()
+    chain.lost = sum(1 for t, state in tasks.items() if t not in expected and (state != "done" or t not in done_events))
+    chain.quarantined_wrongly = (sum(1 for t in expected if tasks.get(t) != "quarantined")
+                                 + sum(1 for t, state in tasks.items() if state == "quarantined" and t not in expected))
     chain.duplicates = sum(1 for n in done_events.values() if n > 1)
     chain.reruns = _query(run_dir, """
         SELECT count(*) FROM attempts a JOIN tasks t ON t.id = a.task_id
@@ -370,7 +433,9 @@ def main(argv: list[str] | None = None) -> int:
         kills = ", ".join(p for _, p in c.kills)
         print(f"chain {c.index:2d}: {len(c.kills)} kills [{kills}]"
               + (f", not reached: {c.not_reached[0][1]}" if c.not_reached else "")
+              + (f" (faulty bag, {c.agent_sigterms} agent processes SIGTERMed)" if c.faulty else "")
               + f"; lost {c.lost}, duplicates {c.duplicates + c.reruns}, orphans {c.orphans}, "
+              f"wrongly quarantined {c.quarantined_wrongly}, "
               f"re-attached {c.reattached}, spend ${c.spend_final:.3f}, {c.runs} runs in {c.wall_s:.1f} s"
               + (f"\n  ERROR {c.error}" if c.error else ""), flush=True)
 
@@ -381,7 +446,14 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"kill points tried:    {s.kills} ({', '.join(f'{k} {v}' for k, v in s.by_phase().items())}) "
           f"in {len(s.chains)} chains, {s.total('runs')} broker runs")
+    faulty_chains = [c for c in s.chains if c.faulty]
+    print(f"faulty bags:          {len(faulty_chains)} chains (a transient failure, a poison task, a timed-out "
+          f"task), {sum(len(c.kills) for c in faulty_chains)} of the kill points, "
+          f"agents SIGTERMed mid-run in {sum(1 for c in faulty_chains if c.agent_sigterms)} of them "
+          f"({s.total('agent_sigterms')} agent processes)")
     print(f"tasks lost:           {s.total('lost')} of {s.total('tasks')}")
+    print(f"wrongly quarantined:  {s.total('quarantined_wrongly')} (the poison and timed-out tasks must be, no other)")
+    print(f"hung:                 {sum(1 for c in s.chains if c.error and 'Timeout' in c.error)} (a run that never ended)")
     print(f"duplicates:           {s.total('duplicates') + s.total('reruns')} "
           f"({s.total('duplicates')} recorded twice, {s.total('reruns')} re-run after done)")
     print(f"orphans:              {sum(c.orphans for c in s.chains)} (instances alive in moto "
@@ -392,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"errors:               {sum(1 for c in s.chains if c.error)}")
     print(f"time per kill point:  {s.wall_s / max(1, s.kills):.2f} s wall ({s.wall_s:.0f} s in all, "
           f"{args.parallel} chains at once, {'fresh processes' if args.no_fork else 'forked from a warm server'})")
-    bad = s.total("lost") + s.total("duplicates") + s.total("reruns") + sum(c.orphans for c in s.chains)
+    bad = (s.total("lost") + s.total("duplicates") + s.total("reruns") + sum(c.orphans for c in s.chains)
+           + s.total("quarantined_wrongly"))
     return 1 if bad or any(c.error for c in s.chains) or s.kills < args.points else 0
 
 

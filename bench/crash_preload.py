@@ -14,7 +14,7 @@ import broker.cli.run  # noqa: F401
 import broker.core.plan  # noqa: F401
 import broker.shells.aws  # noqa: F401
 import broker.shells.crashpoints  # noqa: F401
-import broker.shells.daemon  # noqa: F401
+import broker.shells.run  # noqa: F401
 import broker.shells.journal  # noqa: F401
 import broker.shells.moto_world  # noqa: F401
 import broker.shells.nodes  # noqa: F401

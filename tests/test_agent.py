@@ -425,3 +425,21 @@ def test_what_a_task_leaves_behind_in_its_group_is_killed_when_it_exits(agent_di
     background = int(pid_file.read_text())
     assert wait_until(lambda: _is_zombie(background))
     client.close()
+
+
+def test_a_recursion_error_line_to_the_agent_is_survived_and_its_task_keeps_running(agent_dir):
+    """A line nested too deep for the JSON parser used to kill the agent with a traceback
+    (RecursionError is not a ValueError); now it is a protocol error: the agent drops that
+    connection and goes on, and the master re-attaches and gets the task's result."""
+    client = connect(agent_dir)
+    pid = local_agent_pid(agent_dir)
+    client.submit([Run("steady", 1, "sleep 0.8; echo still-here")])
+    wait_for(client, Started)
+    client._link.transport.send(b'{"type":"ack","task":' + b"[" * 100_000 + b"]" * 100_000 + b',"attempt":1}\n')
+    assert any(isinstance(e, NodeLost) for e in client.poll(3.0))  # it hung up on the bad master
+    assert local_agent_pid(agent_dir) == pid  # ... and is alive
+    hello = client.reattach(attach_local_agent(agent_dir, 4))
+    assert hello.running == (("steady", 1),) or hello.pending_results == 1
+    results, _ = results_until(client, 1)
+    assert results[("steady", 1)].stdout_tail == "still-here\n"
+    client.close()

@@ -281,3 +281,23 @@ def test_shutdown_then_close_by_the_agent_is_not_a_loss():
     agent.pipe.close()
     assert client.wait_closed(30.0)
     assert events_for(client, 0.2) == []
+
+
+# -- regression: a reader that dies reports its node lost ---------------------------------
+def test_a_recursion_error_line_from_the_agent_reports_the_node_lost():
+    client, agent = start()
+    agent.pipe.send(b'{"type":"result","task":' + b"[" * 100_000 + b"]" * 100_000 + b"}\n")
+    lost = [e for e in events_for(client, 1.0) if isinstance(e, NodeLost)]
+    assert len(lost) == 1 and "broke the protocol" in lost[0].reason and "RecursionError" in lost[0].reason
+
+
+def test_a_reader_thread_that_dies_for_any_reason_reports_the_node_lost(monkeypatch):
+    client, agent = start()
+
+    def broken(link, message):
+        raise KeyError("a bug in the bookkeeping")
+
+    monkeypatch.setattr(client, "_on_message", broken)
+    agent.send(Started("t1", 1, pid=42))
+    lost = [e for e in events_for(client, 1.0) if isinstance(e, NodeLost)]
+    assert len(lost) == 1 and "KeyError" in lost[0].reason

@@ -10,6 +10,7 @@ import pytest
 from broker.core.billing import Billing
 from broker.core.model import Task
 from broker.shells.journal import (
+    JournalReader,
     JOURNAL_FILE,
     SCHEMA_VERSION,
     AttemptResult,
@@ -28,6 +29,10 @@ def new_journal(tmp_path, n_tasks=3, retries=1, budget_usd=5.0, at_s=0.0):
                        retries=retries, at_s=at_s)
     journal.add_tasks(Task(f"t{i}", f"echo {i}") for i in range(n_tasks))
     return journal
+
+
+def failures(journal, task_id):
+    return journal._db.execute("SELECT failures FROM tasks WHERE id = ?", (task_id,)).fetchone()[0]
 
 
 def task_state(journal, task_id):
@@ -84,8 +89,13 @@ def test_read_only_open_needs_a_journal_and_refuses_writes(tmp_path):
     new_journal(tmp_path).close()
     reader = Journal.open(tmp_path / "run", readonly=True)
     assert reader.status(0.0)["tasks"]["total"] == 3
+    # The read side has no write methods, and its connection is read-only underneath.
+    assert isinstance(reader, JournalReader) and not hasattr(reader, "intend")
     with pytest.raises(JournalError, match="read-only"):
-        reader.intend("launch", {}, "test")
+        with reader.batch():
+            pass
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        reader._db.execute("INSERT INTO meta (key, value) VALUES ('x', 'y')")
 
 
 def test_one_run_per_journal_and_its_inputs_are_hashed(tmp_path):
@@ -168,10 +178,13 @@ def test_a_failing_replica_does_not_requeue_a_task_still_running_elsewhere(tmp_p
     journal.task_finished("t0", 2, BAD)
     assert task_state(journal, "t0") == "running"
     journal.task_finished("t0", 1, BAD)
-    assert task_state(journal, "t0") == "failed"
+    assert task_state(journal, "t0") == "pending"  # the journal records; giving up is the ledger's call
+    assert failures(journal, "t0") == 2
 
 
-def test_failures_retry_until_the_retries_are_spent(tmp_path):
+def test_failures_are_counted_and_only_the_caller_gives_a_task_up(tmp_path):
+    # The retry rule is the run ledger's (tests/test_ledger.py); the journal's SQL keeps no
+    # copy of it: every unsuccessful end counts, the task waits until it is quarantined.
     journal = new_journal(tmp_path, retries=2)
     for attempt in (1, 2):
         journal.task_started("t0", attempt, "n1")
@@ -180,8 +193,21 @@ def test_failures_retry_until_the_retries_are_spent(tmp_path):
         assert {p.id: p.next_attempt for p in journal.pending_tasks()}["t0"] == attempt + 1
     journal.task_started("t0", 3, "n1")
     journal.task_finished("t0", 3, AttemptResult(exit_code=None, runtime_s=60.0, timed_out=True))
-    assert task_state(journal, "t0") == "failed"
+    assert task_state(journal, "t0") == "pending" and failures(journal, "t0") == 3
+    assert journal.quarantine("t0", "failed 3 times (retries: 2)")
+    assert task_state(journal, "t0") == "quarantined"
     assert journal.status(0.0)["tasks"]["failed"] == 1
+    assert journal.rows().tasks[0].note == "failed 3 times (retries: 2)"
+
+
+def test_a_lost_attempt_counts_a_failure_and_frees_its_task(tmp_path):
+    journal = new_journal(tmp_path)
+    journal.task_started("t0", 1, "n1")
+    assert journal.attempt_lost("t0", 1, "the agent on n1 no longer knows this attempt")
+    assert not journal.attempt_lost("t0", 1, "again")
+    assert task_state(journal, "t0") == "pending" and failures(journal, "t0") == 1
+    assert [(a.outcome, a.error) for a in journal.rows().attempts] == [
+        ("lost", "the agent on n1 no longer knows this attempt")]
 
 
 def test_a_lost_node_requeues_its_running_tasks_with_the_next_attempt(tmp_path):
@@ -194,10 +220,10 @@ def test_a_lost_node_requeues_its_running_tasks_with_the_next_attempt(tmp_path):
     assert journal.requeue_running("lost") == ["t0", "t1"]
     assert {p.id: p.next_attempt for p in journal.pending_tasks()} == {"t0": 2, "t1": 2}
     assert [(a.task_id, a.node) for a in journal.running_attempts()] == [("t2", "kept")]
-    # the second loss exhausts the single retry
+    # the second loss is counted too; giving the task up is the caller's decision
     journal.task_started("t0", 2, "lost-again")
-    assert journal.requeue_running("lost-again") == []
-    assert task_state(journal, "t0") == "failed"
+    assert journal.requeue_running("lost-again") == ["t0"]
+    assert failures(journal, "t0") == 2
     # a late result from the lost node is not recorded again
     assert not journal.task_finished("t1", 1, OK)
 
@@ -366,3 +392,33 @@ def test_a_failing_call_in_a_batch_is_undone_alone_and_an_escaping_error_undoes_
             raise RuntimeError("daemon bug")
     assert journal.status(0.0)["tasks"]["done"] == 2
     assert journal.pending_intents() == []
+
+
+def test_a_journal_opened_with_an_anchor_speaks_run_seconds_and_stores_epoch_seconds(tmp_path):
+    anchor = 1_700_000_000.0
+    run_now = [50.0]
+    journal = Journal.open(tmp_path, clock=lambda: run_now[0], anchor_s=anchor)
+    journal.create_run("r", goal_kind="deadline", deadline_s=600, tasks=[Task("t0", "true")])
+    journal.record_launch("i-1", "c5", launched_at_s=10.0, price_per_hour=3.6, billing=Billing.hourly())
+    journal.set_release("i-1", 3480.0)
+    journal.task_started("t0", 1, "i-1", at_s=20.0)
+    journal.task_finished("t0", 1, OK, at_s=30.0)
+    run_now[0] = 100.0
+    assert journal.run().created_at_s == 50.0
+    (inst,) = journal.instances()
+    assert (inst.launched_at_s, inst.release_at_s, inst.paid_until_s) == (10.0, 3480.0, 3610.0)
+    assert [(a.started_at_s, a.ended_at_s) for a in journal.rows().attempts] == [(20.0, 30.0)]
+    assert journal.latest_time_s() == 30.0 and journal.committed_usd() == pytest.approx(3.6)
+    journal.close()
+    with Journal.open(tmp_path, readonly=True) as reader:  # an outside reader: epoch seconds
+        assert reader.run().created_at_s == anchor + 50.0
+        assert reader.instances()[0].launched_at_s == anchor + 10.0
+
+
+def test_a_run_and_its_tasks_are_created_in_one_transaction(tmp_path):
+    journal = Journal.open(tmp_path)
+    with pytest.raises(JournalError, match="unique"):
+        journal.create_run("r", goal_kind="budget", budget_usd=1.0, tasks=[Task("t", "a"), Task("t", "b")])
+    assert journal.run() is None  # no run without its tasks
+    journal.create_run("r", goal_kind="budget", budget_usd=1.0, tasks=[Task("t", "a")])
+    assert journal.status(0.0)["tasks"]["total"] == 1

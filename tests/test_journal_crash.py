@@ -73,7 +73,10 @@ journal.add_tasks(Task(f"t{k:05d}", "true") for k in range(n))
 print("ready", flush=True)
 for k in range(n):
     journal.task_started(f"t{k:05d}", 1, "node-a", at_s=k)
-    journal.task_finished(f"t{k:05d}", 1, AttemptResult(0 if k % 10 else 1, 1.0), at_s=k + 0.5)
+    with journal.batch():  # as the daemon does: the result and the ledger's verdict together
+        journal.task_finished(f"t{k:05d}", 1, AttemptResult(0 if k % 10 else 1, 1.0), at_s=k + 0.5)
+        if k % 10 == 0:  # retries 0: the ledger gives the task up
+            journal.quarantine(f"t{k:05d}", "failed 1 times (retries: 0)")
     if k % 100 == 0:
         journal.record_launch(f"i-{k}", "c5", launched_at_s=k, price_per_hour=0.1, billing=Billing.hourly())
 journal.finish_run("finished", at_s=n)

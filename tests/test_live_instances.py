@@ -26,7 +26,7 @@ from broker.core.control.controller import ControllerConfig
 from broker.core.control.snapshot import Goal
 from broker.shells.aws import Ec2Fleet, InstanceState
 from broker.shells.clock import RunClock
-from broker.shells.daemon import Daemon, DaemonOptions
+from broker.shells.run import Daemon, DaemonOptions, RunNodes
 from broker.shells.journal import Journal
 from broker.shells.local_transport import stop_local_agent
 from broker.shells.moto_world import mock_ec2
@@ -114,17 +114,14 @@ def run_live(sshd: TestSshd, tmp_path: Path, remote_root: Path, *, address_for=N
 
         agents = InstanceAgents(run_id, run_dir, inbox, ssh, address_of=address_of, console_of=console_of)
         clock = RunClock(60.0)
-        with Journal.open(run_dir, clock=clock.epoch_s) as journal:
+        with Journal.open(run_dir, clock=clock.now_s, anchor_s=clock.epoch_anchor_s) as journal:
             journal.create_run(run_id, goal_kind="deadline", goal_value=600.0, deadline_s=600.0,
-                               retries=bag.retries, at_s=clock.epoch_s())
-            journal.add_tasks(bag.tasks)
+                               retries=bag.retries, tasks=bag.tasks)
             daemon = Daemon(
                 inventory, bag, Goal("deadline", 600.0),
                 DaemonOptions(run_dir=run_dir, run_id=run_id, dry_run=False, tick_s=60.0),
-                journal=journal, clock=clock, fleet=fleet, instance_agents=agents,
-                private_agents=lambda node: pytest.fail("no private node here"),
-                stop_private_agent=lambda name, client: None, inbox=inbox,
-                config=ControllerConfig(tick_s=60.0, margin_s=120.0), fetch_outputs=agents.fetch,
+                journal=journal, clock=clock, fleet=fleet, nodes=RunNodes(inventory, instances=agents), inbox=inbox,
+                config=ControllerConfig(tick_s=60.0, margin_s=120.0),
             )
             with capture_logs() as logs:
                 report = daemon.run()

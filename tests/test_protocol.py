@@ -303,3 +303,23 @@ def test_decode_is_the_inverse_of_encode_for_every_message_type():
     ]
     for message in samples:
         assert decode(encode(message)) == message
+
+
+# -- regression: a malformed line of any kind is this module's own error ------------------
+NESTED = b'{"type":"ack","task":' + b"[" * 100_000 + b"]" * 100_000 + b',"attempt":1}\n'
+
+
+@pytest.mark.parametrize("line", [
+    NESTED,  # json.loads raises RecursionError (not a ValueError) on this
+    b"[" * 100_000 + b"\n",
+    b'{"type":"ack","task":"\xff\xfe","attempt":1}\n',  # not UTF-8
+    b'{"type":"ack","task":"t","attempt":1e999}\n',  # not a finite number
+], ids=["nested-in-a-field", "nested-array", "not-utf8", "infinite"])
+def test_a_recursion_error_line_is_a_remote_protocol_error_on_both_ends(line):
+    for role in ("master", "agent"):
+        conn = Connection(role)
+        conn.receive_data(line)
+        with pytest.raises(RemoteProtocolError):
+            conn.next_event()
+    with pytest.raises(RemoteProtocolError):
+        decode(line)

@@ -372,10 +372,24 @@ def encode(message: Message) -> bytes:
 
 
 def decode(line: bytes) -> Message:
-    """One wire line (newline optional) as a message; :class:`RemoteProtocolError` if malformed."""
+    """One wire line (newline optional) as a message; :class:`RemoteProtocolError` if malformed.
+
+    Whatever is wrong with the line (not UTF-8, not JSON, nested too deep for the parser,
+    too big for memory, a field of the wrong type) ends as that one protocol error, so a
+    reader on either end never dies of a bad line with some other exception."""
+    try:
+        return _decode(line)
+    except RemoteProtocolError:
+        raise
+    except (ValueError, RecursionError, MemoryError, TypeError, AttributeError) as exc:
+        # JSONDecodeError and UnicodeDecodeError are ValueErrors; RecursionError: nesting
+        raise RemoteProtocolError(f"not a protocol line ({type(exc).__name__}: {exc}): {_preview(line)}") from None
+
+
+def _decode(line: bytes) -> Message:
     try:
         obj = json.loads(line, parse_constant=_reject_constant)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
+    except ValueError as exc:
         raise RemoteProtocolError(f"not a JSON line ({exc}): {_preview(line)}") from None
     if not isinstance(obj, dict):
         raise RemoteProtocolError(f"a message must be a JSON object: {_preview(line)}")

@@ -10,7 +10,7 @@ solved, before any money is spent; the first launch asks "Launch N instances (~$
 Exit status: 0 when every task is done, 1 when the run ended with tasks left or failed.
 
 Resume: on a ``--run-dir`` whose journal holds an unfinished run (the daemon was killed, or
-stopped with ``--on-stop leave``), the same command resumes it (``Daemon._restore``). The
+stopped with ``--on-stop leave``), the same command resumes it (``broker/shells/run/resume.py``). The
 bag must be the same file content (its SHA-256 is in the journal), the goal, ``--dry-run``
 and the time scale the same; the run's clock, tick and margin continue from the journal.
 
@@ -49,6 +49,9 @@ DRY_RUN_TIME_SCALE = 60.0
 KEEP_MOTO_ENV = "BROKER_DRY_RUN_KEEP_MOTO"
 # EC2 faults to inject into a dry run's moto (broker/shells/faults.py, parse_fault_spec).
 FAULTS_ENV = "BROKER_DRY_RUN_FAULTS"
+# A file to record the run ledger's events and the controller's decisions in, for the replay
+# test (broker/shells/run/trace.py); not for users.
+TRACE_ENV = "BROKER_LEDGER_TRACE"
 RUNS_DIR = Path("runs")
 EVENTS_FILE = "events.jsonl"
 
@@ -293,14 +296,9 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
 
         server_process = spawn_moto_server(run_dir, inventory.aws.region or DEFAULT_REGION)
     import broker.core.plan  # noqa: F401 - pulp's import is paid before the run clock starts
-    from broker.core.control.controller import ControllerConfig
-    from broker.shells.aws import Ec2Fleet
-    from broker.shells.clock import RunClock
     from broker.shells.crashpoints import CrashingFleet, CrashingJournal, plan_from_env
-    from broker.shells.daemon import Daemon, DaemonOptions
     from broker.shells.journal import Journal
     from broker.shells.logging import configure_logging
-    from broker.shells.nodes import LocalAgents, SshAgents
 
     crash = plan_from_env()
     state = {"left": False}
@@ -308,42 +306,10 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
         events = stack.enter_context(open(run_dir / EVENTS_FILE, "a", encoding="utf-8"))
         configure_logging(level=args.log_level, extra_files=[events], bind={"run_id": run_id})
         stack.callback(configure_logging, level=args.log_level)  # stop writing to the closed file
-        if args.dry_run:
-            from broker.shells.moto_world import dry_run_ec2, stop_moto_server
-
-            client, settings, server = stack.enter_context(
-                dry_run_ec2(inventory.aws, run_id, run_dir, process=server_process))
-            if resume is not None and server_process is not None:
-                print(f"note: the dry run's moto server for {run_dir} was gone: its instances went with it",
-                      file=sys.stderr)
-
-            def stop_server() -> None:
-                if not state["left"] and not os.environ.get(KEEP_MOTO_ENV):
-                    stop_moto_server(run_dir)
-
-            stack.callback(stop_server)
-            if getattr(args, "fault_entries", None):
-                from broker.shells.faults import SpecFaultInjector
-
-                injector = SpecFaultInjector(args.fault_entries)
-                injector.on_inject = lambda i: structlog.get_logger().warning(
-                    "fault.injected", operation=i.operation, kind=i.kind.value, call=i.operation_call,
-                    detail=i.detail)
-                injector.attach(client)
-            fleet = Ec2Fleet(client, settings, run_id)
-        else:
-            import boto3
-
-            fleet = Ec2Fleet(boto3.Session(), inventory.aws, run_id)
+        fleet = _fleet(args, inventory, run_id, run_dir, server_process, resume, stack, state)
         if crash is not None:
             fleet = CrashingFleet(fleet, crash)
-        if resume is None:
-            # The run's time starts once the set-up above is done (at K = 1800 a second of moto
-            # set-up would be half an hour of billing).
-            clock = RunClock(scale)
-        else:
-            with Journal.open(run_dir, readonly=True) as probe:
-                clock = _resume_clock(resume, scale, probe.latest_time_s())
+        clock = _clock(run_dir, scale, resume)
         if args.metrics_port is not None:  # before the journal: a port in use leaves no run behind
             from broker.shells.metrics import MetricsUnavailable, serve_metrics
 
@@ -353,79 +319,18 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
                 raise UsageError(str(exc)) from None
             stack.callback(metrics.close)
             structlog.get_logger().info("metrics.serving", host=metrics.host, port=metrics.port, url=metrics.url)
-        journal = stack.enter_context(Journal.open(run_dir, clock=clock.epoch_s))
+        # The journal speaks run seconds: the clock's, stored from the run's epoch anchor.
+        journal = stack.enter_context(Journal.open(run_dir, clock=clock.now_s, anchor_s=clock.epoch_anchor_s))
         if crash is not None:
             journal = CrashingJournal(journal, crash)
-        if resume is None:
-            journal.create_run(
-                run_id, goal_kind="theta" if goal.kind == "none" else goal.kind,
-                goal_value=1.0 if goal.kind == "none" else goal.value,
-                budget_usd=goal.value if goal.kind == "budget" else None,
-                deadline_s=goal.value if goal.kind == "deadline" else None,
-                retries=bag.retries, inventory_path=args.inventory, bag_path=args.bag,
-                options={"dry_run": args.dry_run, "time_scale": scale, "tick_s": tick_s, "margin_s": margin_s,
-                         "epoch_anchor_s": clock.epoch_anchor_s},
-                at_s=clock.epoch_s(),
-            )
-            journal.add_tasks(bag.tasks)
-        inbox: queue.Queue = queue.Queue()
-        local = LocalAgents(run_dir, inbox)
-        remote = SshAgents(run_id, inbox)
-        instances = local if args.dry_run else _instance_agents(run_id, run_dir, inbox, inventory.aws, fleet)
-
-        def private_agent(node, expect=()):
-            return local.attach(node.name, node.slots, expect) if node.local else remote.attach(node, expect)
-
-        def fetch_outputs(node_id, *request):
-            private = next((p for p in inventory.private if p.name == node_id), None)
-            agents = instances if private is None else (local if private.local else remote)
-            return agents.fetch(node_id, *request)
-
-        def reattach_agent(name, slots, client):
-            node = next((p for p in inventory.private if p.name == name), None)
-            if node is not None and not node.local:
-                remote.reattach(node, client)
-            elif node is not None or args.dry_run:  # the local node, or a dry run's instance
-                local.reattach(name, slots, client)
-            else:  # an EC2 instance over SSH
-                instances.reattach(name, slots, client)
-
-        def stop_private(name, client):
-            node = next(p for p in inventory.private if p.name == name)
-            (local.stop(name, client) if node.local else remote.stop(name, client))
-
-        printer = RunConsole(inventory, goal, len(bag.tasks), args.yes, json_report=args.json_report,
-                             journal=journal, clock=clock, resumed=resume is not None)
-        daemon = Daemon(
-            inventory, bag, goal,
-            DaemonOptions(run_dir=run_dir, run_id=run_id, dry_run=args.dry_run, tick_s=tick_s,
-                          resume=resume is not None, on_stop=args.on_stop),
-            journal=journal, clock=clock, fleet=fleet, instance_agents=instances,
-            private_agents=private_agent, stop_private_agent=stop_private, inbox=inbox,
-            config=ControllerConfig(tick_s=tick_s, margin_s=margin_s),
-            confirm=printer.confirm, on_first_plan=printer.show_plan, on_progress=printer.progress,
-            samples=args.prior_samples, fetch_outputs=fetch_outputs, reattach_agent=reattach_agent,
-        )
-        previous = {sig: signal.signal(sig, lambda *_: daemon.request_stop("user_stop"))
-                    for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            print(f"{'resuming ' if resume is not None else ''}run {run_id} in {run_dir} "
-                  f"({'dry run, ' if args.dry_run else ''}time scale {scale:g}, {len(bag.tasks)} tasks)",
-                  file=printer.out, flush=True)
-            printer.start()
-            try:
-                report = daemon.run()
-            finally:
-                printer.close()
-            state["left"] = report.state == "left"
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        _set_up_journal(journal, args, bag, goal, run_id, clock, scale, tick_s, margin_s, fresh=resume is None)
+        report, out = _run_daemon(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_s, resume,
+                                  journal, clock, fleet)
+        state["left"] = report.state == "left"
         structlog.get_logger().debug("run.report", **report.to_json())
         if report.state == "left":
             print(f"left the run's instances and agents running: `broker run` with the same arguments and "
-                  f"--run-dir {run_dir} resumes it, `broker down {run_dir}` releases them",
-                  file=printer.out, flush=True)
+                  f"--run-dir {run_dir} resumes it, `broker down {run_dir}` releases them", file=out, flush=True)
     if args.json_report:
         print(json.dumps(report.to_json()))
     else:
@@ -437,6 +342,111 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
     return 0 if report.tasks_done == report.tasks_total else 1
 
 
+def _fleet(args, inventory, run_id, run_dir, server_process, resume, stack, state):
+    """EC2 for the run: the run directory's moto server in a dry run (faults injected if
+    asked; stopped at the end unless the run was left), boto3 otherwise."""
+    from broker.shells.aws import Ec2Fleet
+
+    if not args.dry_run:
+        import boto3
+
+        return Ec2Fleet(boto3.Session(), inventory.aws, run_id)
+    import structlog
+
+    from broker.shells.moto_world import dry_run_ec2, stop_moto_server
+
+    client, settings, _server = stack.enter_context(dry_run_ec2(inventory.aws, run_id, run_dir, process=server_process))
+    if resume is not None and server_process is not None:
+        print(f"note: the dry run's moto server for {run_dir} was gone: its instances went with it", file=sys.stderr)
+
+    def stop_server() -> None:
+        if not state["left"] and not os.environ.get(KEEP_MOTO_ENV):
+            stop_moto_server(run_dir)
+
+    stack.callback(stop_server)
+    if getattr(args, "fault_entries", None):
+        from broker.shells.faults import SpecFaultInjector
+
+        injector = SpecFaultInjector(args.fault_entries)
+        injector.on_inject = lambda i: structlog.get_logger().warning(
+            "fault.injected", operation=i.operation, kind=i.kind.value, call=i.operation_call, detail=i.detail)
+        injector.attach(client)
+    return Ec2Fleet(client, settings, run_id)
+
+
+def _clock(run_dir, scale, resume):
+    """The run clock: it starts now (once the set-up is done: at K = 1800 a second of moto
+    set-up would be half an hour of billing), or continues a resumed run's."""
+    from broker.shells.clock import RunClock
+    from broker.shells.journal import Journal
+
+    if resume is None:
+        return RunClock(scale)
+    with Journal.open(run_dir, readonly=True) as probe:
+        return _resume_clock(resume, scale, probe.latest_time_s())
+
+
+def _run_daemon(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_s, resume, journal, clock, fleet):
+    """The daemon on its nodes, run to its end with SIGINT/SIGTERM asking it to stop;
+    returns its report and where the user's lines go."""
+    from broker.core.control.controller import ControllerConfig
+    from broker.shells.journal import Journal
+    from broker.shells.nodes import LocalAgents, SshAgents
+    from broker.shells.run import Daemon, DaemonOptions, RunNodes
+
+    inbox: queue.Queue = queue.Queue()
+    local = LocalAgents(run_dir, inbox)
+    instances = local if args.dry_run else _instance_agents(run_id, run_dir, inbox, inventory.aws, fleet)
+    nodes = RunNodes(inventory, local=local, remote=SshAgents(run_id, inbox), instances=instances)
+    # The console reads the run's figures (its ETA) as `broker status` does: through a reader.
+    reader = Journal.open(run_dir, readonly=True)
+    printer = RunConsole(inventory, goal, len(bag.tasks), args.yes, json_report=args.json_report,
+                         journal=reader, clock=clock, resumed=resume is not None)
+    daemon = Daemon(
+        inventory, bag, goal,
+        DaemonOptions(run_dir=run_dir, run_id=run_id, dry_run=args.dry_run, tick_s=tick_s,
+                      resume=resume is not None, on_stop=args.on_stop,
+                      trace=Path(os.environ[TRACE_ENV]) if os.environ.get(TRACE_ENV) else None),
+        journal=journal, clock=clock, fleet=fleet, nodes=nodes, inbox=inbox,
+        config=ControllerConfig(tick_s=tick_s, margin_s=margin_s),
+        confirm=printer.confirm, on_first_plan=printer.show_plan, on_progress=printer.progress,
+        samples=args.prior_samples,
+    )
+    previous = {sig: signal.signal(sig, lambda *_: daemon.request_stop("user_stop"))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        print(f"{'resuming ' if resume is not None else ''}run {run_id} in {run_dir} "
+              f"({'dry run, ' if args.dry_run else ''}time scale {scale:g}, {len(bag.tasks)} tasks)",
+              file=printer.out, flush=True)
+        printer.start()
+        try:
+            return daemon.run(), printer.out
+        finally:
+            printer.close()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        reader.close()
+
+
+def _set_up_journal(journal, args, bag, goal, run_id, clock, scale, tick_s, margin_s, *, fresh: bool) -> None:
+    """The run's row and its tasks, in one transaction (a kill leaves both or neither). A
+    journal left with a run and no tasks (by a broker before this was one step) gets them now."""
+    if fresh:
+        journal.create_run(
+            run_id, goal_kind="theta" if goal.kind == "none" else goal.kind,
+            goal_value=1.0 if goal.kind == "none" else goal.value,
+            budget_usd=goal.value if goal.kind == "budget" else None,
+            deadline_s=goal.value if goal.kind == "deadline" else None,
+            retries=bag.retries, inventory_path=args.inventory, bag_path=args.bag,
+            options={"dry_run": args.dry_run, "time_scale": scale, "tick_s": tick_s, "margin_s": margin_s,
+                     "epoch_anchor_s": clock.epoch_anchor_s},
+            tasks=bag.tasks,
+        )
+    elif journal.status()["tasks"]["total"] == 0:
+        journal.add_tasks(bag.tasks)
+
+
 def load_samples(path: str, bag, bag_path: str):
     """The ``samples.json`` of ``broker plan --sample``, checked against ``bag``.
 
@@ -446,7 +456,7 @@ def load_samples(path: str, bag, bag_path: str):
     """
     import statistics
 
-    from broker.shells.daemon import PriorSamples, SampledTask
+    from broker.shells.run import PriorSamples, SampledTask
 
     def bad(why: str) -> UsageError:
         return UsageError(f"--samples {path}: {why}")

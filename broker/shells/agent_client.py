@@ -11,8 +11,9 @@ Events delivered:
   :class:`~workers.protocol.Result`; a Result is delivered once per ``(task, attempt)``
   however often it is replayed (a replay of one already acknowledged is re-acknowledged
   here, so a lost Ack cannot make the agent replay it forever);
-- :class:`NodeLost` when the connection fails, the agent breaks the protocol, or nothing
-  at all arrives for ``dead_after_s`` (the client pings every ``ping_interval_s`` of
+- :class:`NodeLost` when the connection fails, the agent breaks the protocol (any bad line:
+  nesting, size, encoding), the reader thread fails for any other reason, or nothing at all
+  arrives for ``dead_after_s`` (the client pings every ``ping_interval_s`` of
   silence, so a live agent always has something to say);
 - :class:`TaskLost` after a re-attach, for each attempt submitted earlier that the agent
   neither runs nor reports (it restarted without it, or the Run never reached it).
@@ -243,8 +244,18 @@ class AgentClient:
             pass  # the reader reports NodeLost; a re-attach reconciles what was in flight
 
     def _read_loop(self, link: _Link) -> None:
-        reason = self._read_until_lost(link)
-        link.transport.close()
+        """The reader thread. However it ends (the stream closed, a protocol error, or any
+        exception at all in reading or bookkeeping), its node is reported lost unless the
+        end was expected: a dead reader must never leave a node's attempts hanging."""
+        try:
+            reason = self._read_until_lost(link)
+        except BaseException as exc:  # noqa: BLE001 - reported as the node lost, below
+            reason = f"the reader failed: {type(exc).__name__}: {exc}"
+            log.error("agent.reader_failed", node=self.node, error=reason)
+        try:
+            link.transport.close()
+        except Exception:  # noqa: BLE001 - closing what is already broken
+            pass
         if not link.greeted.is_set():
             link.error = reason or "the connection closed during the handshake"
             link.greeted.set()

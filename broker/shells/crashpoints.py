@@ -7,7 +7,7 @@ occurrence of the named point, so a test can kill a real daemon at an exact plac
 
 - a journal write, named by its method: ``intend:launch``, ``intend:terminate``,
   ``complete``, ``fail``, ``record_launch``, ``record_instance_state``, ``set_release``,
-  ``task_started``, ``task_finished``, ``task_failed``, ``attempt_cancelled``,
+  ``task_started``, ``task_finished``, ``task_failed``, ``attempt_lost``, ``attempt_cancelled``,
   ``requeue_running``, ``record_sample_draws``, ``record_plan``, ``add_tasks``,
   ``create_run``, ``finish_run``, and ``batch`` (the commit of a batch of results or starts);
   inside a batch the kill lands before its commit, so the batch is lost, as a real crash
@@ -32,7 +32,7 @@ ENV = "BROKER_CRASH_AT"
 
 _WRITES = frozenset({
     "intend", "complete", "fail", "record_launch", "record_instance_state", "set_release", "task_started",
-    "task_finished", "task_failed", "attempt_cancelled", "requeue_running", "record_sample_draws",
+    "task_finished", "task_failed", "attempt_lost", "attempt_cancelled", "requeue_running", "record_sample_draws",
     "record_plan", "add_tasks", "create_run", "finish_run", "record_event", "record_private_node",
     "quarantine", "cancel_pending", "set_estimates",
 })

@@ -53,6 +53,8 @@ CATALOGUE: dict[str, EventSpec] = {
               tool="policy goal front_points solve_ms",
               optional="work_ref_s work_upper_ref_s mean_ref_s sd_ref_s work_tasks "
                        "makespan_s cost_usd fleet status reason"),
+        _spec("decision.notes", "the controller's notes on a decision (a budget cap, a launch cut short), "
+              "when they change", "notes"),
         _spec("instance.launch", "EC2 launched an instance", "instance_id type cause launched_at_s boot_s"),
         _spec("instance.launch_failed", "a launch failed or fell short",
               "type requested launched kind code error cause"),
@@ -65,9 +67,12 @@ CATALOGUE: dict[str, EventSpec] = {
         _spec("instance.terminate_failed", "terminating an instance failed", "instance_id error"),
         _spec("node.ready", "a private node's agent answered", "node at_s slots"),
         _spec("node.lost", "a node stopped answering, or its agent could not start", "node reason"),
+        _spec("node.down", "a node's agent is stopping: its attempts are re-run elsewhere, the node takes "
+              "no work until its agent is back", "node reason attempts"),
         _spec("node.setup_failed", "the bag's setup command failed on a node", "node reason stderr_tail"),
         _spec("agent.attached", "an agent completed its handshake", "node slots running pending_results"),
         _spec("agent.lost", "an agent's connection ended", "node reason"),
+        _spec("agent.reader_failed", "the thread reading an agent failed (its node is then lost)", "node error"),
         _spec("agent.tasks_lost", "an agent no longer knew attempts it had been given", "node count"),
         _spec("dispatch.refused", "an assignment hit a busy slot or a gone node", "task node slot reason"),
         _spec("task.start", "an attempt was started", "task attempt node slot cause"),
@@ -163,7 +168,7 @@ CATALOGUE: dict[str, EventSpec] = {
 }
 # Events that the planning commands also write with the `run` fields of a run.
 for _name in ("ssh.connect", "ssh.disconnect", "ssh.error", "ssh.host_key_trusted", "agent.attached", "agent.lost",
-              "agent.tasks_lost", "stdlib.log"):
+              "agent.reader_failed", "agent.tasks_lost", "stdlib.log"):
     _s = CATALOGUE[_name]
     CATALOGUE[_name] = EventSpec(_s.name, _s.summary, _s.run, _s.run, _s.optional)
 
@@ -174,10 +179,10 @@ for _name in ("ssh.connect", "ssh.disconnect", "ssh.error", "ssh.host_key_truste
 # at --log-level debug. events.jsonl always holds every event.
 CONSOLE_EVENTS = frozenset((
     "run.start", "run.resume", "run.stop", "run.left", "run.done", "run.disk_full", "run.disk_full_released",
-    "plan.solved", "budget.stop", "metrics.serving",
+    "plan.solved", "decision.notes", "budget.stop", "metrics.serving",
     "instance.launch", "instance.launch_failed", "instance.ready", "instance.terminated",
     "instance.terminate_failed", "instance.type_avoided", "instance.stray_terminated",
-    "node.ready", "node.lost", "node.setup_failed", "node.quarantined", "agent.lost", "agent.reattach_failed",
+    "node.ready", "node.lost", "node.down", "node.setup_failed", "node.quarantined", "agent.lost", "agent.reattach_failed",
     "task.failed", "task.quarantined", "task.outputs_failed",
     "sample.start", "sample.exhausted", "sample.failure", "sample.timeout", "sample.adopted",
 ))

@@ -44,6 +44,7 @@ SERVER_LOCK = "moto.lock"
 SERVER_LOG = "moto.log"
 SERVER_START_TIMEOUT_S = 20.0
 _WORLD_FIELDS = ("region", "ami", "key_name", "security_group", "subnet")
+_WORLD_CIDR, _SUBNET_CIDR = "10.77.0.0/16", "10.77.1.0/24"
 _FAKE_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -91,15 +92,28 @@ def mock_ec2(settings: AwsSettings, run_id: str) -> Iterator[tuple[Any, AwsSetti
 
 
 def _create_world(ec2: Any, settings: AwsSettings, region: str, run_id: str) -> AwsSettings:
-    vpc_id = ec2.create_vpc(CidrBlock="10.77.0.0/16")["Vpc"]["VpcId"]
-    subnet_id = ec2.create_subnet(VpcId=vpc_id, CidrBlock="10.77.1.0/24")["Subnet"]["SubnetId"]
-    group_id = ec2.create_security_group(
-        GroupName=f"broker-dry-run-{run_id}", Description="broker dry run", VpcId=vpc_id
-    )["GroupId"]
+    """What a launch needs (VPC, subnet, security group, key pair, AMI), each found if an
+    earlier attempt made it already: a ``broker run`` killed half-way through this leaves a
+    server holding part of a world, and the next one must finish it, not trip over it
+    (``InvalidKeyPair.Duplicate``)."""
+    vpcs = ec2.describe_vpcs(Filters=[{"Name": "cidr", "Values": [_WORLD_CIDR]}])["Vpcs"]
+    vpc_id = vpcs[0]["VpcId"] if vpcs else ec2.create_vpc(CidrBlock=_WORLD_CIDR)["Vpc"]["VpcId"]
+    subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc_id]},
+                                            {"Name": "cidr-block", "Values": [_SUBNET_CIDR]}])["Subnets"]
+    subnet_id = (subnets[0]["SubnetId"] if subnets
+                 else ec2.create_subnet(VpcId=vpc_id, CidrBlock=_SUBNET_CIDR)["Subnet"]["SubnetId"])
+    group_name = f"broker-dry-run-{run_id}"
+    groups = ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": [group_name]},
+                                                   {"Name": "vpc-id", "Values": [vpc_id]}])["SecurityGroups"]
+    group_id = (groups[0]["GroupId"] if groups else
+                ec2.create_security_group(GroupName=group_name, Description="broker dry run", VpcId=vpc_id)["GroupId"])
     key_name = settings.key_name or "broker-dry-run"
-    ec2.create_key_pair(KeyName=key_name)
+    if not ec2.describe_key_pairs(Filters=[{"Name": "key-name", "Values": [key_name]}])["KeyPairs"]:
+        ec2.create_key_pair(KeyName=key_name)
     # An AMI of our own: listing moto's catalogue of public ones takes a second.
-    ami = ec2.register_image(Name=f"broker-dry-run-{run_id}", RootDeviceName="/dev/xvda")["ImageId"]
+    image_name = f"broker-dry-run-{run_id}"
+    images = ec2.describe_images(Owners=["self"], Filters=[{"Name": "name", "Values": [image_name]}])["Images"]
+    ami = images[0]["ImageId"] if images else ec2.register_image(Name=image_name, RootDeviceName="/dev/xvda")["ImageId"]
     return replace(
         settings,
         region=region,

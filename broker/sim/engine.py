@@ -29,27 +29,29 @@ Faults (``SimOptions``), drawn from the run's seeded generator so a run replays:
   or a limit (the type is then avoided for a while), or EC2 starts half of it;
   ``unavailable_types`` are refused for capacity every time.
 
-What a failure means is decided by :class:`~broker.core.control.failures.FailureBook`, the
-same rules the daemon applies: retried up to ``retries`` times, quarantined after that or
-when the same error ends it on ``distinct_nodes`` nodes; a node where several tasks in a
-row fail while others finish is not given work again.
+The run's state (pending tasks, attempts and copies, nodes, billing, failures) is the
+:class:`~broker.core.control.ledger.Ledger`, the one the daemon keeps: this module is an
+adapter that turns the world into ledger events and carries out what the ledger and the
+controller ask. What a failure means is the ledger's FailureBook: retried up to
+``retries`` times, quarantined after that or when the same error ends it on
+``distinct_nodes`` nodes; a node where several tasks in a row fail while others finish is
+not given work again (an instance is released).
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-from ..core.control.actions import Assign, Launch, Replicate, ScheduleRelease, StopForBudget
+from ..core.control.actions import Assign, Cancel, Launch, Replicate, ScheduleRelease, StopForBudget
 from ..core.control.controller import Controller, ControllerConfig
-from ..core.control.failures import FailureBook, FailurePolicy, TypeCooldown, may_give_up
-from ..core.control.pool import TaskPool
-from ..core.control.snapshot import Goal, Memory, NodeView, Observations, RunningTask, Snapshot
+from ..core.control.failures import FailurePolicy
+from ..core.control.ledger import Ledger, NodeQuarantined, Quarantine
+from ..core.control.snapshot import Goal, Memory, Snapshot
 from ..core.model import Inventory, MachineType
 
 TICK, READY, END, RELEASE, FAIL, LOSS, KILL, REVIVE = 0, 1, 2, 3, 4, 5, 6, 7
@@ -87,26 +89,13 @@ class SimOptions:
     failures: FailurePolicy = FailurePolicy()
 
 
-@dataclass
-class _Node:
-    id: str
-    slots: int
-    speed: float  # declared
+@dataclass(slots=True)
+class _Machine:
+    """A node's ground truth, which the controller never sees."""
+
     actual_speed: float
-    type: MachineType | None = None
-    launched_at: float | None = None
-    ready_at: float | None = None
-    release_at: float | None = None
-    release_version: int = 0
-    terminated_at: float | None = None
-    running: dict[int, tuple[str, int, float, float]] = field(default_factory=dict)  # slot -> (task, attempt, start, end)
-    view: NodeView | None = None
-    release_cause: str | None = None
-    lost: bool = False
     bad: bool = False  # fails everything it runs (injected)
     down_until: float | None = None  # agent killed, back at this time
-    paid_until: float = -math.inf  # cached: billing only changes when time passes it
-    charged_usd: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +164,11 @@ class SimResult:
 
 
 class Simulation:
+    """One run of a bag on a virtual clock. The run's state is a
+    :class:`~broker.core.control.ledger.Ledger`, the same the daemon keeps; this class holds
+    only the world (event queue, true runtimes and speeds, injected faults) and turns it
+    into ledger events."""
+
     def __init__(
         self,
         inventory: Inventory,
@@ -196,150 +190,74 @@ class Simulation:
         self.now = 0.0
         self.heap: list = []
         self._seq = 0
-        self.nodes: dict[str, _Node] = {}
-        self.pool = TaskPool()
         n = len(workload.runtimes_ref_s)
         self.truth = np.asarray(workload.runtimes_ref_s, dtype=float)
         self.est = None if workload.estimates_ref_s is None else np.asarray(workload.estimates_ref_s, dtype=float)
         self.ids = [f"t{i}" for i in range(n)]
         self.index = {tid: i for i, tid in enumerate(self.ids)}
-        order = self.rng.permutation(n)
-        self.pool.extend((self.ids[i], None if self.est is None else float(self.est[i])) for i in order)
-        self.attempts = [0] * n
-        self.done = np.zeros(n, dtype=bool)
-        self.obs = Observations()
         self.memory = Memory()
-        self.committed_closed = 0.0  # cost of terminated instances
-        self.book = FailureBook(options.failures)
-        self.cooldown = TypeCooldown(options.failures.type_cooldown_s)
+        budget = float(goal.value) if goal.kind == "budget" else None
+        self.ledger = Ledger(self.types, options.failures, tick_s=config.tick_s, replan_every_s=config.replan_every_s,
+                             prior_mean_ref_s=workload.prior_mean_ref_s, prior_sd_ref_s=workload.prior_sd_ref_s,
+                             budget_usd=budget)
+        est = [None] * n if self.est is None else self.est.tolist()
+        self.ledger.add_tasks(list(zip(self.ids, est)), self.rng.permutation(n))
         self.fault_rng = np.random.default_rng(options.seed + 2_000_003)  # faults never shift the rest
         self.poison = (self.fault_rng.random(n) < options.poison_rate) if options.poison_rate > 0 else None
         self.result = SimResult(
             policy=config.policy, makespan_s=0.0, cost_usd=0.0, cloud_cost_usd=0.0, private_cost_usd=0.0,
-            planned_makespan_s=None, planned_cost_usd=None,
-            budget_usd=float(goal.value) if goal.kind == "budget" else None,
+            planned_makespan_s=None, planned_cost_usd=None, budget_usd=budget,
             deadline_s=float(goal.value) if goal.kind == "deadline" else None,
             tasks_total=n, tasks_done=0, samples=0, instances_launched=0, max_concurrent=0,
             sim_wall_s=0.0, max_committed_usd=0.0,
         )
         self.result.faults = {k: 0 for k in FAULT_KINDS}
         self._instance_seq = 0
-        self._live_instances = 0
-        self._dirty_nodes: set[str] = set()
-        self._live: dict[str, _Node] = {}
-        self._cloud_live: dict[str, _Node] = {}
-        self._views: dict[str, NodeView] = {}
-        self._free: dict[str, NodeView] = {}
-        self._dirty: set[str] = set()
-        self._billing_heap: list[tuple[float, str]] = []
-        self._running = 0
-        self._copies: dict[str, set[tuple[str, int]]] = {}  # task -> running (node, slot)
+        self._world: dict[str, _Machine] = {}
+        self._exec: dict[tuple[str, int], float] = {}  # (task, attempt) -> start, while it runs
         for p in inventory.private:
-            node = _Node(p.name, p.slots, p.speed, p.speed)
-            self.nodes[p.name] = node
-            self._live[p.name] = node
-            self._inject_node_faults(node)
-            self._touch(node)
+            self.ledger.add_private(p)
+            self.ledger.on_node_ready(p.name, 0.0)
+            self._world[p.name] = machine = _Machine(p.speed)
+            self._inject_node_faults(p.name, machine, None, None)
+
+    @property
+    def pool(self):
+        return self.ledger.pool
 
     # -- event queue -------------------------------------------------------------------------
     def _push(self, t: float, kind: int, data) -> None:
         self._seq += 1
         heapq.heappush(self.heap, (t, kind, self._seq, data))
 
-    # -- world -> snapshot -------------------------------------------------------------------
-    def _touch(self, node: _Node) -> None:
-        """The node changed: rebuild its view and its free-slot membership on next snapshot."""
-        node.view = None
-        self._dirty.add(node.id)
-
-    def _view(self, node: _Node) -> NodeView:
-        if node.view is None:
-            running = tuple(
-                RunningTask(task, att, slot, start,
-                            None if self.est is None else float(self.est[self.index[task]]))
-                for slot, (task, att, start, _end) in sorted(node.running.items())
-            )
-            paid = None if node.type is None else node.paid_until
-            node.view = NodeView(
-                id=node.id, slots=node.slots, speed=node.speed, running=running,
-                type_name=None if node.type is None else node.type.name,
-                launched_at_s=node.launched_at, ready_at_s=node.ready_at, paid_until_s=paid,
-                release_at_s=node.release_at, lost=node.lost or node.down_until is not None,
-            )
-        return node.view
-
-    def _refresh_billing(self, node: _Node) -> None:
-        if node.type is not None and node.terminated_at is None and self.now > node.paid_until + 1e-6:
-            b = node.type.billing
-            node.paid_until = b.paid_until(node.launched_at, self.now)
-            node.charged_usd = b.cost_usd(self.now - node.launched_at, node.type.price_per_hour)
-            self._touch(node)
-            heapq.heappush(self._billing_heap, (node.paid_until, node.id))
-
-    def _advance_billing(self) -> None:
-        """Charge the next unit of every instance whose paid time the clock has passed."""
-        h = self._billing_heap
-        while h and h[0][0] + 1e-6 < self.now:
-            _, node_id = heapq.heappop(h)
-            node = self.nodes[node_id]
-            if node.terminated_at is None:
-                self._refresh_billing(node)
-
     def committed_usd(self) -> float:
-        self._advance_billing()
-        return self.committed_closed + sum(n.charged_usd for n in self._cloud_live.values())
+        return self.ledger.committed_usd(self.now)
 
     def snapshot(self) -> Snapshot:
-        self._advance_billing()
-        for node_id in self._dirty:
-            node = self.nodes[node_id]
-            if node.terminated_at is not None:
-                self._views.pop(node_id, None)
-                self._free.pop(node_id, None)
-                continue
-            view = self._view(node)
-            self._views[node_id] = view
-            if len(node.running) < node.slots:
-                self._free[node_id] = view
-            else:
-                self._free.pop(node_id, None)
-        self._dirty.clear()
-        types = self.types
-        if self.cooldown.until_s:
-            types = self.cooldown.restrict(self.types, [n.type.name for n in self._cloud_live.values()], self.now)
-        return Snapshot(
-            now_s=self.now, types=types, nodes=tuple(self._views.values()), pending=self.pool,
-            free_nodes=tuple(self._free.values()), running_count=self._running,
-            tasks_total=len(self.ids), tasks_done=self.result.tasks_done, observations=self.obs,
-            committed_usd=self.committed_usd(), started_at_s=0.0,
-            prior_mean_ref_s=self.work.prior_mean_ref_s,
-            prior_sd_ref_s=self.work.prior_sd_ref_s,
-            budget_usd=self.result.budget_usd, tasks_failed=len(self.result.quarantined),
-        )
+        return self.ledger.snapshot(self.now)
 
     # -- actions -----------------------------------------------------------------------------
     def _apply(self, actions) -> None:
         for a in actions:
-            if isinstance(a, Assign) or isinstance(a, Replicate):
+            if isinstance(a, (Assign, Replicate)):
                 self._start(a)
             elif isinstance(a, ScheduleRelease):
-                node = self.nodes.get(a.instance_id)
-                if node is None or node.terminated_at is not None:
-                    continue
-                node.release_at = max(a.at_s, self.now)
-                node.release_cause = a.cause
-                node.release_version += 1
-                self._touch(node)
-                self._push(node.release_at, RELEASE, (node.id, node.release_version))
+                self._timer(self.ledger.schedule_release(a.instance_id, a.at_s, a.cause, self.now))
             elif isinstance(a, Launch):
                 self._launch(a)
             elif isinstance(a, StopForBudget):
                 self.result.budget_stopped = True
+                self.ledger.on_budget_stop()
+
+    def _timer(self, release: ScheduleRelease | None) -> None:
+        if release is not None:
+            version = self.ledger.nodes[release.instance_id].release_version
+            self._push(release.at_s, RELEASE, (release.instance_id, version))
 
     def _launch(self, a: Launch) -> None:
+        """EC2 as the simulator plays it: refused past a type's limit, and the faults asked for."""
         t = self.types[a.type_name]
-        live_of_type = sum(1 for n in self._cloud_live.values() if n.type is t and n.terminated_at is None)
-        count = min(a.count, max(0, t.limit - live_of_type))
+        count = min(a.count, max(0, t.limit - self.ledger.live_count(t.name)))
         self.result.launches_refused += a.count - count
         opt, frng = self.opt, self.fault_rng
         if count and (opt.capacity_rate > 0 or opt.limit_rate > 0 or opt.partial_rate > 0
@@ -347,233 +265,169 @@ class Simulation:
             u = -1.0 if t.name in opt.unavailable_types else frng.random()
             if u < opt.capacity_rate + opt.limit_rate:
                 # EC2 refuses the whole call: nothing launched, nothing billed, type avoided.
-                self.result.faults["capacity" if u < opt.capacity_rate else "limit"] += 1
+                kind = "capacity" if u < opt.capacity_rate else "limit"
+                self.result.faults[kind] += 1
                 self.result.launches_refused += count
-                self.cooldown.refused(t.name, self.now)
+                self.ledger.on_launch_failed(t.name, self.now, kind)
                 return
             if count >= 2 and frng.random() < opt.partial_rate:
                 self.result.faults["partial"] += 1
                 self.result.launches_refused += count - count // 2
                 count //= 2
+                self.ledger.on_launch_failed(t.name, self.now, "partial")
         for _ in range(count):
             self._instance_seq += 1
             noise = self.opt.speed_noise
             actual = t.speed * (self.rng.uniform(1 - noise, 1 + noise) if noise > 0 else 1.0)
-            node = _Node(f"i-{self._instance_seq:05d}", t.slots, t.speed, actual, type=t,
-                         launched_at=self.now, ready_at=self.now + t.boot_s)
-            self.nodes[node.id] = node
-            self._live[node.id] = node
-            self._cloud_live[node.id] = node
-            self._refresh_billing(node)
-            self._push(node.ready_at, READY, node.id)
-            self._inject_node_faults(node)
-            if math.isfinite(a.release_after_s):
-                node.release_at = self.now + max(a.release_after_s, t.boot_s)
-                node.release_cause = "planned_life"
-                node.release_version += 1
-                self._push(node.release_at, RELEASE, (node.id, node.release_version))
-            self.result.instances_launched += 1
-            self._live_instances += 1
+            node_id = f"i-{self._instance_seq:05d}"
+            release = self.ledger.on_launched(node_id, t.name, self.now, self.now, a.release_after_s)
+            self._world[node_id] = machine = _Machine(actual)
+            self._push(self.now + t.boot_s, READY, node_id)
+            self._inject_node_faults(node_id, machine, t, self.now + t.boot_s)
+            self._timer(release)
         if count:
             self.result.fleet_changes.append((self.now, a.type_name, count))
-            self.result.max_concurrent = max(self.result.max_concurrent, self._live_instances)
+            self.result.max_concurrent = max(self.result.max_concurrent, self.ledger.live_instances)
 
     def _start(self, a) -> None:
-        node = self.nodes[a.slot.node]
-        if node.terminated_at is not None or a.slot.index in node.running:
-            raise AssertionError(f"controller assigned to a busy or gone slot: {a}")
+        attempt = self.ledger.start(a.task_id, a.slot.node, a.slot.index, self.now,
+                                    replica=isinstance(a, Replicate), cause=a.cause)
+        if attempt is None:
+            raise AssertionError(f"controller assigned to a busy or gone slot, or a task not pending: {a}")
+        machine = self._world[a.slot.node]
         i = self.index[a.task_id]
-        if isinstance(a, Assign):
-            self.pool.remove(a.task_id)
-        self.attempts[i] += 1
-        attempt = self.attempts[i]
-        duration = self.truth[i] / node.actual_speed
+        duration = self.truth[i] / machine.actual_speed
         end = self.now + duration
         fault = None
-        if node.bad:
+        if machine.bad:
             fault, fail_at = "bad_node_attempt", self.now + min(duration, 5.0) * self.fault_rng.random()
         elif self.poison is not None and self.poison[i]:
             fault, fail_at = "poison_attempt", self.now + duration * self.fault_rng.random()
         elif self.opt.failure_rate > 0 and self.rng.random() < self.opt.failure_rate:
             fault, fail_at = "attempt_failure", self.now + duration * self.rng.random()
+        self._exec[(a.task_id, attempt.attempt)] = self.now
         if fault is not None:
             self.result.faults[fault] += 1
-            node.running[a.slot.index] = (a.task_id, attempt, self.now, fail_at)
-            self._push(fail_at, FAIL, (node.id, a.slot.index, a.task_id, attempt, fault))
+            self._push(fail_at, FAIL, (a.slot.node, a.slot.index, a.task_id, attempt.attempt, fault))
         else:
-            node.running[a.slot.index] = (a.task_id, attempt, self.now, end)
-            self._push(end, END, (node.id, a.slot.index, a.task_id, attempt))
-        self._running += 1
-        self._copies.setdefault(a.task_id, set()).add((node.id, a.slot.index))
-        self._touch(node)
-        if a.cause == "sampling":
-            self.result.samples += 1
+            self._push(end, END, (a.slot.node, a.slot.index, a.task_id, attempt.attempt))
 
-    # -- events ------------------------------------------------------------------------------
-    def _stop_attempt(self, node: _Node, slot: int) -> tuple[str, int, float, float]:
-        r = node.running.pop(slot)
-        self._running -= 1
-        copies = self._copies.get(r[0])
-        if copies is not None:
-            copies.discard((node.id, slot))
-            if not copies:
-                del self._copies[r[0]]
-        self._touch(node)
-        return r
+    # -- world events -> ledger events -------------------------------------------------------
+    def _ended(self, task: str, attempt: int, node_id: str) -> None:
+        """An attempt stopped running in the world: its work so far is wasted."""
+        start = self._exec.pop((task, attempt))
+        self.result.wasted_ref_s += (self.now - start) * self._world[node_id].actual_speed
+
+    def _carry_out(self, followups) -> None:
+        for f in followups:
+            if isinstance(f, Cancel):
+                self._ended(f.task_id, f.attempt, f.node)
+            elif isinstance(f, ScheduleRelease):
+                self._timer(f)
+            elif isinstance(f, Quarantine):
+                self.result.quarantined[f.task_id] = f.reason
+            elif isinstance(f, NodeQuarantined):
+                self.result.bad_nodes_found.append(f.node)
 
     def _on_end(self, data) -> bool:
-        node_id, slot, task, attempt = data
-        node = self.nodes[node_id]
-        cur = node.running.get(slot)
-        if cur is None or cur[0] != task or cur[1] != attempt:
+        node_id, _slot, task, attempt = data
+        e = self.ledger.on_result(node_id, task, attempt, self.now)
+        if not e.changed:
             return False  # a cancelled replica or a killed attempt
-        self._stop_attempt(node, slot)
-        i = self.index[task]
-        if self.done[i]:
-            return True
-        self.book.succeeded(node.id)
-        self.done[i] = True
-        self.result.tasks_done += 1
-        self.result.completions[task] = self.result.completions.get(task, 0) + 1
-        runtime_ref = (self.now - cur[2]) * node.speed
-        self.obs = self.obs.add(runtime_ref, None if self.est is None else float(self.est[i]))
-        self.result.makespan_s = float(self.now)
-        # First result wins: cancel the other copies.
-        for other_id, other_slot in list(self._copies.get(task, ())):
-            other = self.nodes[other_id]
-            r = self._stop_attempt(other, other_slot)
-            self.result.wasted_ref_s += (self.now - r[2]) * other.actual_speed
+        self._exec.pop((task, attempt))
+        if e.outcome == "done":
+            self.result.tasks_done += 1
+            self.result.completions[task] = self.result.completions.get(task, 0) + 1
+            self.result.makespan_s = float(self.now)
+            self._carry_out(e.followups)
         return True
 
-    def _requeue(self, task: str, retry: bool = False) -> None:
-        i = self.index[task]
-        if self.done[i] or task in self.pool or self._copies.get(task) or task in self.result.quarantined:
-            return  # done, already pending, another copy still runs, or given up
-        self.pool.add(task, None if self.est is None else float(self.est[i]), last=retry)
-
     def _on_fail(self, data) -> bool:
-        node_id, slot, task, attempt, fault = data
-        node = self.nodes[node_id]
-        cur = node.running.get(slot)
-        if cur is None or cur[0] != task or cur[1] != attempt:
+        node_id, _slot, task, attempt, fault = data
+        if (task, attempt) not in self._exec:
             return False
-        self._stop_attempt(node, slot)
-        self.result.wasted_ref_s += (self.now - cur[2]) * node.actual_speed
         if fault == "attempt_failure":
             # transient errors differ from one another: never "the same error" twice
             signature = f"transient error {self.fault_rng.integers(1 << 30)}"
         else:
             signature = "exit code 1"  # poison tasks and bad nodes fail the same way every time
-        self._failed(task, node, signature)
+        e = self.ledger.on_attempt_failed(node_id, task, attempt, self.now, signature)
+        self._ended(task, attempt, node_id)
+        self._carry_out(e.followups)
         return True
 
-    def _failed(self, task: str, node: _Node, signature: str | None) -> None:
-        """An attempt ended without a result: retry, or quarantine, as the book says."""
-        if self.done[self.index[task]] or task in self.result.quarantined:
-            return
-        others = sum(1 for n in self._live.values() if n is not node and not n.lost)
-        verdict = self.book.failed(task, node.id, signature, others)
-        if verdict.bad_node:
-            self.result.bad_nodes_found.append(node.id)
-            node.lost = True  # no more work there (the daemon releases such an instance)
-            self._touch(node)
-            if node.type is not None and node.terminated_at is None:
-                node.release_cause = "bad_node"
-                node.release_version += 1
-                self._push(self.now, RELEASE, (node.id, node.release_version))
-        if verdict.quarantined:
-            self.result.quarantined[task] = verdict.reason
-            if task in self.pool:
-                self.pool.remove(task)
-            for other_id, other_slot in list(self._copies.get(task, ())):
-                other = self.nodes[other_id]
-                r = self._stop_attempt(other, other_slot)
-                self.result.wasted_ref_s += (self.now - r[2]) * other.actual_speed
-            return
-        self._requeue(task, retry=True)
-
-    # -- injected node faults ----------------------------------------------------------------
-    def _inject_node_faults(self, node: _Node) -> None:
+    def _inject_node_faults(self, node_id: str, machine: _Machine, t: MachineType | None,
+                            ready_at: float | None) -> None:
         opt, frng = self.opt, self.fault_rng
-        if node.id in opt.bad_nodes or (opt.bad_node_rate > 0 and frng.random() < opt.bad_node_rate):
-            node.bad = True
-        if node.type is not None and opt.instance_loss_rate > 0 and frng.random() < opt.instance_loss_rate:
-            self._push(self.now + frng.random() * node.type.billing.unit_s, LOSS, node.id)
+        if node_id in opt.bad_nodes or (opt.bad_node_rate > 0 and frng.random() < opt.bad_node_rate):
+            machine.bad = True
+        if t is not None and opt.instance_loss_rate > 0 and frng.random() < opt.instance_loss_rate:
+            self._push(self.now + frng.random() * t.billing.unit_s, LOSS, node_id)
         if opt.agent_kill_rate > 0 and frng.random() < opt.agent_kill_rate:
-            start = node.ready_at if node.ready_at is not None else self.now
-            self._push(start + frng.random() * 3600.0, KILL, node.id)
+            start = ready_at if ready_at is not None else self.now
+            self._push(start + frng.random() * 3600.0, KILL, node_id)
 
-    def _lose_attempts(self, node: _Node) -> None:
-        for slot in list(node.running):
-            task, _att, start, _end = self._stop_attempt(node, slot)
-            self.result.wasted_ref_s += (self.now - start) * node.actual_speed
-            self._failed(task, node, None)
+    def _lose(self, node_id: str, **how) -> None:
+        ended, followups = self.ledger.on_node_lost(node_id, self.now, **how)
+        for e in ended:
+            self._ended(e.attempt.task_id, e.attempt.attempt, node_id)
+            self._carry_out(e.followups)
 
     def _on_loss(self, node_id: str) -> bool:
         """The instance vanished (terminated from outside): billed until now, attempts lost."""
-        node = self.nodes[node_id]
-        if node.terminated_at is not None:
+        if self.ledger.nodes[node_id].terminated_at_s is not None:
             return False
         self.result.faults["instance_loss"] += 1
-        node.lost = True
-        self._lose_attempts(node)
-        node.release_cause = "instance_lost"
-        node.release_version += 1
-        return self._on_release((node.id, node.release_version))
+        self._lose(node_id, gone=True)
+        return self._release(node_id)
 
     def _on_kill(self, node_id: str) -> bool:
-        node = self.nodes[node_id]
-        if node.terminated_at is not None or node.down_until is not None:
+        machine = self._world[node_id]
+        if self.ledger.nodes[node_id].terminated_at_s is not None or machine.down_until is not None:
             return False
         self.result.faults["agent_kill"] += 1
-        node.down_until = self.now + self.opt.agent_restart_s
-        self._lose_attempts(node)
-        self._touch(node)
-        self._push(node.down_until, REVIVE, node.id)
+        machine.down_until = self.now + self.opt.agent_restart_s
+        self._lose(node_id, comes_back=True)
+        self._push(machine.down_until, REVIVE, node_id)
         return True
 
     def _on_revive(self, node_id: str) -> bool:
-        node = self.nodes[node_id]
-        if node.down_until is None:
+        machine = self._world[node_id]
+        if machine.down_until is None:
             return False
-        node.down_until = None
-        self._touch(node)
-        return node.terminated_at is None
+        machine.down_until = None
+        return self.ledger.on_node_back(node_id, self.now)
 
     def _on_release(self, data) -> bool:
         node_id, version = data
-        node = self.nodes[node_id]
-        if node.terminated_at is not None or version != node.release_version:
+        if not self.ledger.release_due(node_id, version):
             return False
-        self._advance_billing()
-        paid = node.type.billing.paid_until(node.launched_at, self.now)
+        return self._release(node_id)
+
+    def _release(self, node_id: str) -> bool:
+        node = self.ledger.nodes[node_id]
         self.result.releases.append({
-            "instance": node.id, "type": node.type.name, "at_s": self.now, "paid_until_s": paid,
-            "cause": node.release_cause, "launched_at_s": node.launched_at,
+            "instance": node.id, "type": node.type.name, "at_s": self.now,
+            "paid_until_s": node.type.billing.paid_until(node.launched_at_s, self.now),
+            "cause": node.release_cause, "launched_at_s": node.launched_at_s,
         })
-        killed = [self._stop_attempt(node, slot) for slot in list(node.running)]  # planned: no failure
-        node.terminated_at = self.now
-        self._touch(node)
-        self._live.pop(node.id, None)
-        self._cloud_live.pop(node.id, None)
-        self._live_instances -= 1
-        self.committed_closed += node.type.billing.cost_usd(self.now - node.launched_at, node.type.price_per_hour)
-        for task, _att, start, _end in killed:
-            self.result.wasted_ref_s += (self.now - start) * node.actual_speed
-            self._requeue(task)
+        self._carry_out(self.ledger.on_released(node_id, self.now))  # planned: no failure
         return True
 
     # -- main loop ---------------------------------------------------------------------------
+    _HANDLERS = {END: _on_end, FAIL: _on_fail, RELEASE: _on_release, LOSS: _on_loss, KILL: _on_kill,
+                 REVIVE: _on_revive}
+
     def run(self, on_progress: Callable[[SimProgress], None] | None = None) -> SimResult:
         """Run the bag to its end (or until nothing can progress); ``on_progress`` is called at
         every monitoring tick."""
         wall0 = time.perf_counter()
         self._push(0.0, TICK, None)
         n = len(self.ids)
-        idle_ticks = 0
+        ledger = self.ledger
         first_plan_seen = False
         same_time, last_t = 0, -1.0
-        while self.heap and self._settled() < n:
+        while self.heap and ledger.settled < n:
             t, kind, _, data = heapq.heappop(self.heap)
             if t > self.opt.max_virtual_s:
                 break
@@ -588,21 +442,11 @@ class Simulation:
                 if k == TICK:
                     tick = True
                 elif k == READY:
+                    ledger.on_node_ready(d, t)
                     changed = True
-                    self._touch(self.nodes[d])
-                elif k == END:
-                    changed |= self._on_end(d)
-                elif k == FAIL:
-                    changed |= self._on_fail(d)
-                elif k == RELEASE:
-                    changed |= self._on_release(d)
-                elif k == LOSS:
-                    changed |= self._on_loss(d)
-                elif k == KILL:
-                    changed |= self._on_kill(d)
-                elif k == REVIVE:
-                    changed |= self._on_revive(d)
-            if self._settled() >= n:
+                else:
+                    changed |= self._HANDLERS[k](self, d)
+            if ledger.settled >= n:
                 break
             committed = self.committed_usd()
             self.result.max_committed_usd = max(self.result.max_committed_usd, committed)
@@ -621,22 +465,12 @@ class Simulation:
             if tick:
                 if on_progress is not None:
                     on_progress(SimProgress(self.now, self.result.tasks_done, n, committed))
-                busy = self._running > 0
-                alive = any(not node.lost and (node.type is None or node.release_at is None
-                                               or node.release_at > self.now)
-                            for node in self._live.values())
-                idle_ticks = 0 if (busy or alive) else idle_ticks + 1
-                if may_give_up(idle_ticks, budget_stopped=self.memory.budget_stopped,
-                                types_avoided=self.cooldown.avoided(self.now), tick_s=self.config.tick_s,
-                                replan_every_s=self.config.replan_every_s):
+                if ledger.on_tick(self.now, self.memory.budget_stopped):
                     break  # nothing can make progress (budget exhausted, no private nodes)
                 self._push(self.now + self.config.tick_s, TICK, None)
         self._finish()
         self.result.sim_wall_s = time.perf_counter() - wall0
         return self.result
-
-    def _settled(self) -> int:
-        return self.result.tasks_done + len(self.result.quarantined)
 
     def _finish(self) -> None:
         """Bag done (or stuck): the run ends at the last completion; release what is left."""
@@ -649,14 +483,16 @@ class Simulation:
             if kind == RELEASE:
                 self.now = max(self.now, t)
                 self._on_release(data)
-        for node in self.nodes.values():
-            if node.type is not None and node.terminated_at is None:
-                self.now = max(self.now, node.release_at or self.now)
-                self._on_release((node.id, node.release_version))
+        for node in list(self.ledger.nodes.values()):
+            if node.type is not None and node.terminated_at_s is None:
+                self.now = max(self.now, node.release_at_s or self.now)
+                self._release(node.id)
         r = self.result
-        r.max_committed_usd = max(r.max_committed_usd, self.committed_closed)
-        r.cloud_cost_usd = self.committed_closed
-        r.private_cost_usd = sum(p.cost_per_hour for p in self.inv.private) * r.makespan_s / 3600.0
+        r.samples = len(self.ledger.sample_keys)
+        r.instances_launched = self.ledger.instances_launched
+        r.cloud_cost_usd = self.ledger.committed_usd(self.now)
+        r.max_committed_usd = max(r.max_committed_usd, r.cloud_cost_usd)
+        r.private_cost_usd = self.ledger.private_cost_usd()
         r.cost_usd = r.cloud_cost_usd + r.private_cost_usd
         if r.tasks_done < r.tasks_total and r.makespan_s == 0.0:
             r.makespan_s = end

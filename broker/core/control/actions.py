@@ -36,12 +36,6 @@ class ScheduleRelease:
 
 
 @dataclass(frozen=True, slots=True)
-class CancelRelease:
-    instance_id: str
-    cause: str
-
-
-@dataclass(frozen=True, slots=True)
 class Assign:
     task_id: str
     slot: SlotRef
@@ -61,9 +55,13 @@ class Replicate:
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
+    """Stop one running attempt (emitted by the run ledger: the copies that lost the race,
+    the copies of a quarantined task, the attempts of a released node). ``node`` runs it."""
+
     task_id: str
     attempt: int
     cause: str
+    node: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,4 +72,4 @@ class StopForBudget:
     cause: str = ReleaseCause.BUDGET_CAP
 
 
-Action = Launch | ScheduleRelease | CancelRelease | Assign | Replicate | Cancel | StopForBudget
+Action = Launch | ScheduleRelease | Assign | Replicate | Cancel | StopForBudget

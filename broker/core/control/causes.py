@@ -65,15 +65,18 @@ class ReleaseCause(StrEnum):
     SAMPLING_IN_PROGRESS = "sampling_in_progress"
     IDLE_NOTHING_PENDING = "idle_nothing_pending"
     BATS_RENEW_ATU = "bats_renew_atu"
-    # the shells' own (not emitted by the controller)
+    # the run ledger's (ledger/): not the controller's decisions, the lifecycle's
     PLANNED = "planned"
-    PLANNED_LIFE = "planned_life"
+    PLANNED_LIFE = "planned_life"  # launch + max(release_after_s, boot)
     BAD_NODE = "bad_node"
     NODE_LOST = "node_lost"
-    INSTANCE_LOST = "instance_lost"
+    INSTANCE_LOST = "instance_lost"  # EC2 says it is gone
     SETUP_FAILED = "setup_failed"
-    GONE_ON_RESUME = "gone_on_resume"
+    RESUMED = "resumed"  # a resumed run's timer, as journaled or at paid-until minus the margin
     RESUMED_PAST_RELEASE = "resumed_past_release"
+    INTERRUPTED_RELEASE = "interrupted_release"  # the dead daemon was terminating it
+    # a shell's: an instance the journal had, gone from EC2 when the run resumed
+    GONE_ON_RESUME = "gone_on_resume"
 
 
 class WorkCause(StrEnum):

@@ -1,8 +1,8 @@
 """What a failure means: retry, quarantine the task, stop using a node, avoid a type.
 
-One set of rules for the simulator and the live daemon, so both give up on the same tasks.
-The shells report what happened; the book answers what to do. Pure: times come in as
-arguments, nothing reads a clock.
+One set of rules for the simulator and the live daemon, so both give up on the same tasks:
+the run ledger (``ledger/``) keeps the book and asks it; the shells only report what
+happened. Pure: times come in as arguments, nothing reads a clock.
 
 Tasks. Every attempt that ends without a result counts one failure (a non-zero exit, a
 timeout, an agent that lost it, a node that vanished under it); cancelled attempts (the
@@ -18,7 +18,7 @@ losing replica, a planned release) do not. A task is *quarantined* (never re-que
 Nodes. A node on which ``node_strikes`` different tasks failed in a row is a *bad node* (a
 full disk, a missing library, HTCondor's "black hole": it fails fast, so it would eat every
 task's retries) when either other nodes finished work meanwhile, or ``node_strikes`` of
-those tasks failed that way nowhere else. The shell stops giving it work. When the same tasks fail
+those tasks failed that way nowhere else. The ledger stops giving it work. When the same tasks fail
 alike everywhere, the tasks are at fault, not the node: they are quarantined by their own
 rules and no node is blamed; nor is the last node a run has (``others`` = 0).
 
@@ -43,6 +43,7 @@ class FailurePolicy:
     distinct_nodes: int = 2  # the same error on this many nodes quarantines the task (0: off)
     node_strikes: int = 3  # distinct tasks failing in a row on one node make it bad (0: off)
     type_cooldown_s: float = 1800.0  # a type refused for capacity or a limit is avoided this long
+    reattaches: int = 5  # a node's agent is re-attached at most this many times a run, then lost
 
     def __post_init__(self) -> None:
         if self.retries < 0:
@@ -53,6 +54,26 @@ class FailurePolicy:
             raise ValueError(f"node_strikes must be >= 0, got {self.node_strikes}")
         if self.type_cooldown_s < 0:
             raise ValueError(f"type_cooldown_s must be >= 0, got {self.type_cooldown_s}")
+        if self.reattaches < 0:
+            raise ValueError(f"reattaches must be >= 0, got {self.reattaches}")
+
+
+# What a lost agent reports for the attempts it was running: no fault of the task.
+AGENT_STOPPED = "agent stopped while this attempt ran"
+# What a stopping agent (SIGTERM: a node rebooting) answers a Run it will not start.
+AGENT_STOPPING = "the agent is shutting down"
+
+
+def signature(exit_code: int | None, timed_out: bool, error: str | None) -> str | None:
+    """A failed attempt's error as compared across nodes: a timeout, its exit code, or the
+    agent's error text; None when the attempt went with its agent (no fault of the task)."""
+    if timed_out:
+        return "timed out"
+    if exit_code is not None:
+        return f"exit code {exit_code}"
+    if error and (AGENT_STOPPED in error or AGENT_STOPPING in error):
+        return None
+    return error or None
 
 
 class Outcome(enum.Enum):
@@ -179,8 +200,8 @@ def may_give_up(idle_ticks: int, *, budget_stopped: bool, types_avoided: bool, t
     Not before ``IDLE_TICKS_TO_GIVE_UP`` ticks; at once after that when the budget has
     stopped (nothing more can be bought); otherwise only once no type is avoided after a
     capacity or limit error and a whole re-plan interval has passed, so that losing every
-    instance at once does not end a run its budget can still pay for. The daemon and the
-    simulator both ask this.
+    instance at once does not end a run its budget can still pay for. The run ledger asks
+    this at every tick (``Ledger.on_tick``).
     """
     if idle_ticks <= IDLE_TICKS_TO_GIVE_UP:
         return False

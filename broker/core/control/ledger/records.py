@@ -1,0 +1,130 @@
+"""What the ledger keeps per node and per attempt, and the follow-ups it hands back.
+
+A follow-up is something a shell must carry out because of an event: cancel the other
+copies of a task (``Cancel``), release an instance now (``ScheduleRelease``), and the
+bookkeeping the journal records (``Requeue``, ``Quarantine``, ``NodeQuarantined``). The
+ledger has already changed its own state when it returns them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ...model import MachineType
+from ..actions import Cancel, ScheduleRelease
+from ..failures import Verdict
+from ..snapshot import NodeView
+
+# A node whose readiness is overdue (its boot delay passed, no agent answered yet) is shown
+# to the controller as ready this long from now, so that nothing is dispatched to it.
+LATE_READY_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One attempt of a task, running in one slot of one node (run seconds)."""
+
+    task_id: str
+    attempt: int
+    node: str
+    slot: int
+    started_at_s: float
+    resumed: bool = False  # started by a daemon that died: unknown to the agent means never sent
+
+
+@dataclass(slots=True, eq=False)
+class NodeRecord:
+    """A private node or an EC2 instance (``type`` None for private nodes)."""
+
+    id: str
+    slots: int
+    speed: float
+    type: MachineType | None = None
+    cost_per_hour: float = 0.0  # private nodes: amortized cost while the run lasts
+    launched_at_s: float | None = None
+    expected_ready_s: float | None = None  # launch + boot delay; None for private nodes
+    ready_at_s: float | None = None  # its agent answered (and its setup ran)
+    release_at_s: float | None = None
+    release_version: int = 0
+    release_cause: str | None = None
+    terminated_at_s: float | None = None
+    lost: bool = False  # no more work there (lost, bad, setup failed)
+    down: bool = False  # its agent is away and expected back; its attempts were lost
+    reattaches: int = 0
+    running: dict[int, Attempt] = field(default_factory=dict)  # slot -> attempt
+    idle_since_s: float | None = None  # ready with nothing running since then (None: busy or not ready)
+    paid_until_s: float = -math.inf  # billing, refreshed when the clock passes it
+    charged_usd: float = 0.0
+    view: NodeView | None = None
+
+    @property
+    def is_private(self) -> bool:
+        return self.type is None
+
+    @property
+    def alive(self) -> bool:
+        return self.terminated_at_s is None and not self.lost
+
+    def cost_usd(self, now_s: float) -> float:
+        """What the instance has been charged from its launch to its end (or ``now_s``)."""
+        if self.type is None or self.launched_at_s is None:
+            return 0.0
+        end = self.terminated_at_s if self.terminated_at_s is not None else now_s
+        return self.type.billing.cost_usd(max(0.0, end - self.launched_at_s), self.type.price_per_hour)
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    """The task is pending again (``retry``: after a failure, behind the tasks waiting)."""
+
+    task_id: str
+    retry: bool
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
+class Quarantine:
+    """The task is given up: no more attempts."""
+
+    task_id: str
+    reason: str
+    failures: int
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeQuarantined:
+    """Several tasks in a row failed on this node while others ran: no more work there."""
+
+    node: str
+    cause: str = "bad_node"
+
+
+Followup = Cancel | ScheduleRelease | Requeue | Quarantine | NodeQuarantined
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """What the end of an attempt meant.
+
+    ``outcome``: ``done`` (the first result: the task is done), ``replica`` (a success after
+    the task was done), ``failed`` (counted by the failure rules), ``lost`` (the attempt
+    vanished with its agent or node: a failure without a signature), ``cancelled`` (no
+    failure: re-queued), ``stale`` (no such attempt runs: a replay or a written-off copy;
+    nothing changed). ``verdict`` is the failure rules' answer (None when the task was
+    already settled or for a cancel).
+    """
+
+    outcome: str
+    attempt: Attempt | None
+    verdict: Verdict | None = None
+    followups: tuple[Followup, ...] = ()
+    runtime_ref_s: float | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.outcome != "stale"
+
+
+STALE = Ended("stale", None)

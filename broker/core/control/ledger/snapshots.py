@@ -1,0 +1,102 @@
+"""The ledger's money and its snapshot: billing refreshed from a heap of paid-until times,
+committed spend as a running sum, and the frozen view ``decide()`` reads, rebuilt only for
+the nodes an event touched (part of :class:`~.ledger.Ledger`; its state is the ledger's)."""
+
+from __future__ import annotations
+
+import heapq
+from typing import Mapping
+
+from ...model import MachineType
+from ..snapshot import NodeView, RunningTask, Snapshot
+from .records import LATE_READY_S, NodeRecord
+
+
+class SnapshotMixin:
+    # -- money -------------------------------------------------------------------------------
+    def _refresh_billing(self, node: NodeRecord, now: float) -> None:
+        if node.type is not None and node.terminated_at_s is None and now > node.paid_until_s + 1e-6:
+            b = node.type.billing
+            node.paid_until_s = b.paid_until(node.launched_at_s, max(now, node.launched_at_s))
+            charged = b.cost_usd(max(0.0, now - node.launched_at_s), node.type.price_per_hour)
+            self._live_usd += charged - node.charged_usd
+            node.charged_usd = charged
+            self._touch(node)
+            heapq.heappush(self._billing, (node.paid_until_s, node.id))
+
+    def _advance_billing(self, now: float) -> None:
+        """Charge the next unit of every instance whose paid time the clock has passed."""
+        h = self._billing
+        while h and h[0][0] + 1e-6 < now:
+            _, node_id = heapq.heappop(h)
+            self._refresh_billing(self.nodes[node_id], now)
+
+    def committed_usd(self, now: float) -> float:
+        """Cloud spend charged so far: every instance's billing units up to ``now``."""
+        self._advance_billing(now)
+        return self._closed_usd + self._live_usd
+
+
+    # -- the snapshot ------------------------------------------------------------------------
+    def _touch(self, node: NodeRecord) -> None:
+        node.view = None
+        self._dirty[node.id] = None
+
+    def _view(self, node: NodeRecord, now: float) -> NodeView:
+        if node.view is not None:
+            return node.view
+        est = self.estimates
+        running = tuple(RunningTask(a.task_id, a.attempt, slot, a.started_at_s, est.get(a.task_id))
+                        for slot, a in sorted(node.running.items()))
+        if node.ready_at_s is not None:
+            ready = None if node.type is None else node.ready_at_s
+        elif node.expected_ready_s is not None and node.expected_ready_s > now:
+            ready = node.expected_ready_s
+        else:
+            ready = now + LATE_READY_S  # overdue: nothing is dispatched to it yet
+        view = NodeView(
+            id=node.id, slots=node.slots, speed=node.speed, running=running,
+            type_name=None if node.type is None else node.type.name, launched_at_s=node.launched_at_s,
+            ready_at_s=ready, paid_until_s=None if node.type is None else node.paid_until_s,
+            release_at_s=node.release_at_s, lost=node.lost or node.down,
+        )
+        if node.id not in self._late:
+            node.view = view
+        return view
+
+    def snapshot(self, now: float, *, stopping: bool = False) -> Snapshot:
+        """The frozen view ``decide()`` reads (the pool is shared, not copied: the controller
+        only reads it)."""
+        self._advance_billing(now)
+        while self._booting and self._booting[0][0] <= now:
+            _, node_id = heapq.heappop(self._booting)
+            node = self.nodes[node_id]
+            if node.ready_at_s is None and node.terminated_at_s is None:
+                self._late[node_id] = None
+                node.view = None
+        if self._late:
+            self._dirty.update(self._late)
+        for node_id in self._dirty:
+            node = self.nodes[node_id]
+            if node.terminated_at_s is not None:
+                self._views.pop(node_id, None)
+                self._free.pop(node_id, None)
+                continue
+            view = self._view(node, now)
+            self._views[node_id] = view
+            if len(node.running) < node.slots:
+                self._free[node_id] = view
+            else:
+                self._free.pop(node_id, None)
+        self._dirty.clear()
+        types: Mapping[str, MachineType] = self.types
+        if self.cooldown.until_s:
+            types = self.cooldown.restrict(self.types, self._live_by_type, now)
+        return Snapshot(
+            now_s=now, types=types, nodes=tuple(self._views.values()), pending=self.pool,
+            free_nodes=tuple(self._free.values()), running_count=self._running,
+            tasks_total=self.tasks_total, tasks_done=len(self.done), observations=self.obs,
+            committed_usd=self.committed_usd(now), started_at_s=0.0,
+            prior_mean_ref_s=self.prior_mean_ref_s, prior_sd_ref_s=self.prior_sd_ref_s,
+            budget_usd=self.budget_usd, tasks_failed=len(self.quarantined), stopping=stopping,
+        )

@@ -1,0 +1,125 @@
+"""What takes time: EC2 calls, each written to the journal as an intent before and an outcome
+after, and the timers (APScheduler) that post the loop's timed messages.
+
+The loop calls these and turns what comes back into ledger events; nothing here decides.
+This is the seam where EC2 calls can move off the loop later (their results would come back
+on the inbox as events instead of return values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
+
+from broker.core.model import MachineType
+from broker.shells.aws.records import AwsFailure
+from broker.shells.clock import RunClock
+from broker.shells.journal import Journal
+
+from .types import Fleet
+
+
+@dataclass(frozen=True, slots=True)
+class Launched:
+    """What a launch call gave: the instances (id, launch time in run s) and any failure."""
+
+    instances: tuple[tuple[str, float], ...]
+    failure: AwsFailure | None = None
+
+
+class Ec2Actuator:
+    """EC2 for one run: launches with client tokens ``<run>-<seq>``, terminations, and the
+    per-tick check of the fleet against EC2's own view."""
+
+    def __init__(self, fleet: Fleet, journal: Journal, clock: RunClock, run_id: str) -> None:
+        self.fleet, self.journal, self.clock, self.run_id = fleet, journal, clock, run_id
+        self.launch_seq = 0  # continued on resume (resume.py)
+
+    def launch(self, t: MachineType, count: int, cause: str) -> Launched:
+        """Intent, RunInstances, one journal row per instance (its own token), outcome."""
+        self.launch_seq += 1
+        token = f"{self.run_id}-{self.launch_seq}"
+        intent = self.journal.intend("launch", {"type": t.name, "count": count, "client_token": token}, cause)
+        outcome = self.fleet.launch(t.name, count, client_token=token)
+        now = self.clock.now_s()
+        launched = []
+        for k, record in enumerate(outcome.instances, 1):
+            # EC2's LaunchTime is billing's; at a scaled time it means nothing, so: now.
+            at = self.clock.to_run_s(record.launched_at_s) if self.clock.time_scale == 1.0 else now
+            at = min(at, now)
+            self.journal.record_launch(record.id, t.name, launched_at_s=at, price_per_hour=t.price_per_hour,
+                                       billing=t.billing, client_token=f"{token}-{k}", action_seq=intent)
+            launched.append((record.id, at))
+        if outcome.failure is None:
+            self.journal.complete(intent, {"instances": list(outcome.instance_ids)})
+        else:
+            self.journal.fail(intent, outcome.failure.render())
+        return Launched(tuple(launched), outcome.failure)
+
+    def terminate(self, instance_id: str, cause: str) -> str | None:
+        """Intent, TerminateInstances (only ever this run's tagged instances), outcome; the
+        journal row is closed. Returns the error when EC2 refused or failed, else None."""
+        intent = self.journal.intend("terminate", {"instance_id": instance_id}, cause)
+        outcome = self.fleet.terminate([instance_id])
+        error = None
+        if instance_id in outcome.terminated or instance_id in outcome.already_terminated:
+            self.journal.complete(intent, {"terminated": [instance_id]})
+        else:
+            error = outcome.failure.render() if outcome.failure else "refused: the instance does not carry this run's tag"
+            self.journal.fail(intent, error)
+        self.journal.record_instance_state(instance_id, "terminated")
+        return error
+
+    def gone(self, alive: list[tuple[str, float]], now: float, grace_s: float) -> list[tuple[str, str]]:
+        """One DescribeInstances by the run's tag: which of ``alive`` (id, launch time) EC2
+        says are gone, with why. An instance EC2 does not list yet gets ``grace_s`` (describe
+        is eventually consistent after a launch). A failed describe finds nothing."""
+        if not alive:
+            return []
+        described = self.fleet.describe()
+        if described.failure is not None:
+            return []
+        by_id = {r.id: r for r in described.instances}
+        out = []
+        for instance_id, launched_at in alive:
+            record = by_id.get(instance_id)
+            if record is not None and not record.state.gone:
+                continue
+            if record is None and now - launched_at < grace_s:
+                continue
+            state = "not listed by EC2" if record is None else record.state.value
+            out.append((instance_id, f"instance {state}: terminated outside the broker"))
+        return out
+
+
+class Timers:
+    """APScheduler jobs that put a message on the loop's inbox at a run time (or every tick)."""
+
+    def __init__(self, clock: RunClock, post: Callable[[Any], None]) -> None:
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        self.clock, self.post = clock, post
+        self.scheduler = BackgroundScheduler(timezone=timezone.utc)
+        self.scheduler.start()
+
+    def every(self, run_s: float, message: Any, job_id: str) -> None:
+        self.scheduler.add_job(self.post, "interval", args=(message,), id=job_id,
+                               seconds=self.clock.wall_delay_s(run_s), coalesce=True, max_instances=1,
+                               misfire_grace_time=None)
+
+    def at(self, run_s: float, message: Any, job_id: str) -> None:
+        when = datetime.now(timezone.utc) + timedelta(seconds=self.clock.wall_delay_s(run_s - self.clock.now_s()))
+        self.scheduler.add_job(self.post, "date", args=(message,), id=job_id, run_date=when,
+                               replace_existing=True, misfire_grace_time=None)
+
+    def cancel(self, job_id: str) -> None:
+        from apscheduler.jobstores.base import JobLookupError
+
+        try:
+            self.scheduler.remove_job(job_id)
+        except JobLookupError:
+            pass
+
+    def shutdown(self) -> None:
+        self.scheduler.shutdown(wait=False)

@@ -1,0 +1,62 @@
+"""One :class:`~broker.shells.run.types.Nodes` for a run: each node's agent reached the way
+its kind needs (the local node and a dry run's instances as local agents, private nodes over
+SSH, a live run's instances over SSH at EC2's address)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from broker.core.model import Inventory, PrivateNode
+from broker.shells.agent_client import AgentClient
+from workers.protocol import Run
+
+
+class RunNodes:
+    """``local``: :class:`~broker.shells.nodes.LocalAgents`; ``remote``:
+    :class:`~broker.shells.nodes.SshAgents`; ``instances``: what realizes an EC2 instance
+    (``LocalAgents`` in a dry run, :class:`~broker.shells.nodes.InstanceAgents` live, None
+    when the inventory has no types)."""
+
+    def __init__(self, inventory: Inventory, *, local: Any = None, remote: Any = None, instances: Any = None) -> None:
+        self.private: dict[str, PrivateNode] = {p.name: p for p in inventory.private}
+        self.local, self.remote, self.instances = local, remote, instances
+
+    def _private_agents(self, node: PrivateNode) -> Any:
+        return self.local if node.local else self.remote
+
+    def attach(self, node: str, slots: int, expect: tuple[Run, ...] = ()) -> AgentClient:
+        private = self.private.get(node)
+        if private is None:
+            return self.instances.attach(node, slots, expect)
+        if private.local:
+            return self.local.attach(node, slots, expect)
+        return self.remote.attach(private, expect)
+
+    def attach_in_background(self, node: str, slots: int,
+                             done: Callable[[AgentClient | None, BaseException | None], None]) -> bool:
+        background = getattr(self.instances, "attach_in_background", None)
+        if node in self.private or background is None:
+            return False
+        background(node, slots, done)
+        return True
+
+    def reattach(self, node: str, slots: int, client: AgentClient) -> None:
+        private = self.private.get(node)
+        if private is None:
+            self.instances.reattach(node, slots, client)
+        elif private.local:
+            self.local.reattach(node, slots, client)
+        else:
+            self.remote.reattach(private, client)
+
+    def stop(self, node: str, client: AgentClient | None) -> None:
+        private = self.private.get(node)
+        agents = self.instances if private is None else self._private_agents(private)
+        if agents is not None:
+            agents.stop(node, client)
+
+    def fetch(self, node: str, workdir: str | None, path: str, dest: Path, env: Mapping[str, str]) -> list[Path]:
+        private = self.private.get(node)
+        agents = self.instances if private is None else self._private_agents(private)
+        return agents.fetch(node, workdir, path, dest, env)

@@ -1,0 +1,141 @@
+"""Nodes coming and going: launches, boots, agents attached, releases and their timers, and
+the fleet checked against EC2 every tick. EC2 calls go through :mod:`.actuator`; what they
+change is told to the ledger."""
+
+from __future__ import annotations
+
+from broker.core.control.actions import Launch, ScheduleRelease
+from broker.core.control.ledger import Followup
+
+from .types import SETUP_TASK, Attached, BootDone, ReleaseDue
+
+
+class NodesMixin:
+    """Part of :class:`~broker.shells.run.loop.Daemon` (its state is the daemon's)."""
+
+    # -- launches ----------------------------------------------------------------------------
+    def _launch(self, a: Launch) -> None:
+        t = self.types[a.type_name]
+        launched = self.ec2.launch(t, a.count, a.cause)
+        now = self.clock.now_s()
+        for instance_id, at in launched.instances:
+            release = self.ledger.on_launched(instance_id, t.name, at, now, a.release_after_s)
+            self._emit("instance.launch", instance_id=instance_id, type=t.name, cause=a.cause,
+                       launched_at_s=round(at, 3), boot_s=t.boot_s)
+            self.timers.at(at + t.boot_s, BootDone(instance_id), f"boot-{instance_id}")
+            self._release_timer(release)
+        failure = launched.failure
+        if failure is not None:
+            self._emit("instance.launch_failed", type=t.name, requested=a.count, launched=len(launched.instances),
+                       kind=failure.kind.value, code=failure.code, error=failure.message, cause=a.cause)
+            until = self.ledger.on_launch_failed(t.name, now, failure.kind.value)
+            if until is not None:  # no new instance: the controller re-plans, around this type for a while
+                self._emit("instance.type_avoided", type=t.name, kind=failure.kind.value, until_s=round(until, 3))
+
+    # -- releases ----------------------------------------------------------------------------
+    def _release_timer(self, release: ScheduleRelease | None, deferred: bool = False) -> None:
+        """Journal a (re)scheduled release and set its timer; one due now is carried out at once,
+        or, ``deferred`` (inside a journal batch), by the loop once the batch has committed."""
+        if release is None:
+            return
+        node = self.ledger.nodes[release.instance_id]
+        now = self.clock.now_s()
+        self.journal.set_release(node.id, release.at_s)
+        self._emit("instance.release_scheduled", instance_id=node.id, at_s=round(release.at_s, 3),
+                   paid_until_s=round(node.type.billing.paid_until(node.launched_at_s, max(release.at_s,
+                                                                                          node.launched_at_s)), 3),
+                   cause=release.cause)
+        if release.at_s > now + 1e-6:
+            self.timers.at(release.at_s, ReleaseDue(node.id, node.release_version), f"release-{node.id}")
+        elif deferred:
+            self._post(ReleaseDue(node.id, node.release_version))
+        else:
+            self._release(node.id, release.cause)
+
+    def _release(self, instance_id: str, cause: str) -> None:
+        """Terminate an instance now: its attempts are cancelled and re-queued first."""
+        node = self.ledger.nodes[instance_id]
+        client = self.clients.get(instance_id)
+        followups = self.ledger.on_released(instance_id, self.clock.now_s(), cause)
+        self._cancel_on_agents(followups)
+        self.nodes.stop(instance_id, client)  # also abandons an attach under way
+        self.clients[instance_id] = None
+        self.timers.cancel(f"boot-{instance_id}")
+        self.timers.cancel(f"release-{instance_id}")
+        error = self.ec2.terminate(instance_id, cause)
+        if error is not None:
+            self._emit("instance.terminate_failed", instance_id=instance_id, error=error)
+        now = node.terminated_at_s
+        self._emit("instance.terminated", instance_id=instance_id, type=node.type.name, cause=cause,
+                   launched_at_s=round(node.launched_at_s, 3), at_s=round(now, 3),
+                   paid_until_s=round(node.type.billing.paid_until(node.launched_at_s, now), 3),
+                   cost_usd=round(node.cost_usd(now), 6), committed_usd=round(self._committed_usd(), 6))
+
+    def _cancel_on_agents(self, followups: list[Followup]) -> None:
+        """The attempts of a released node: cancelled (no failure) and journaled in one batch."""
+        if not followups:
+            return
+        with self.journal.batch():
+            self._carry_out(followups)
+
+    # -- nodes becoming ready ----------------------------------------------------------------
+    def _on_boot(self, instance_id: str) -> bool:
+        node = self.ledger.nodes.get(instance_id)
+        if node is None or node.terminated_at_s is not None or self.clients.get(instance_id) is not None:
+            return False
+        self.journal.record_instance_state(instance_id, "running")
+        self.clients[instance_id] = None
+        if self.nodes.attach_in_background(instance_id, node.slots,
+                                           lambda client, error: self._post(Attached(instance_id, client, error))):
+            return False  # reaching a live instance may take minutes: not in the loop
+        try:
+            client = self.nodes.attach(instance_id, node.slots)
+        except Exception as exc:  # noqa: BLE001 - an unreachable instance is released, not fatal
+            return self._on_attached(Attached(instance_id, None, exc))
+        return self._on_attached(Attached(instance_id, client, None))
+
+    def _on_attached(self, m: Attached) -> bool:
+        node = self.ledger.nodes.get(m.instance_id)
+        if node is None or not node.alive:  # released while its agent was being reached
+            if m.client is not None:
+                self.nodes.stop(m.instance_id, m.client)
+            return False
+        if m.error is not None:
+            self._emit("node.lost", node=node.id, reason=f"could not start its agent: {m.error}")
+            _, followups = self.ledger.on_node_lost(node.id, self.clock.now_s())
+            for f in followups:  # its release, at once (no journal batch is open here)
+                self._release_timer(f)
+            return True
+        self.clients[node.id] = m.client
+        self._node_attached(node.id)
+        return True
+
+    def _node_attached(self, node: str) -> None:
+        """The agent answered: run the bag's setup first if there is one, else take work."""
+        if self.bag.setup:
+            from workers.protocol import Run
+
+            self.clients[node].submit([Run(SETUP_TASK, 1, self.bag.setup, timeout_s=self.bag.timeout_s,
+                                           env=dict(self.bag.env), cwd=self.bag.workdir)])
+            return
+        self._mark_ready(node)
+
+    def _mark_ready(self, node_id: str) -> None:
+        now = self.clock.now_s()
+        self.ledger.on_node_ready(node_id, now)
+        node = self.ledger.nodes[node_id]
+        if node.type is not None:
+            self._emit("instance.ready", instance_id=node_id, type=node.type.name, at_s=round(now, 3),
+                       boot_s=round(now - node.launched_at_s, 3), slots=node.slots)
+        else:
+            self._emit("node.ready", node=node_id, at_s=round(now, 3), slots=node.slots)
+
+    # -- the fleet against EC2, every tick ---------------------------------------------------
+    def _reconcile_fleet(self) -> bool:
+        """An instance terminated from outside (or gone for any reason) is lost, its tasks
+        re-queued now. True when something changed."""
+        alive = [(n.id, n.launched_at_s) for n in self.ledger.live_nodes() if n.type is not None and n.alive]
+        changed = False
+        for instance_id, reason in self.ec2.gone(alive, self.clock.now_s(), self.config.tick_s):
+            changed |= self._on_node_lost(instance_id, reason, reattach=False, gone=True)
+        return changed
