@@ -43,8 +43,8 @@ from broker.core.plan import (
     Plan,
     Work,
     bats_configuration,
-    pareto_front,
     plan_for_goal,
+    plan_front,
 )
 
 # One-sided 95% normal quantile for the upper value of the total work.
@@ -182,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
     chosen: Plan | None = None
     reason: str | None = None
     front: list[Plan] = []
+    cheapest: Plan | None = None
     if args.policy == "bats":
         if goal is None or goal.kind != "budget":
             raise UsageError("the bats policy plans for a budget: give --budget USD")
@@ -193,9 +194,11 @@ def run(args: argparse.Namespace) -> int:
             reason = str(exc)
     else:
         try:
-            front = pareto_front(types, private, work)
+            whole = plan_front(types, private, work)
+            front = whole.points
+            cheapest = None if any(p is whole.cheapest for p in front) else whole.cheapest
             if goal is not None:
-                chosen = plan_for_goal(types, private, work, goal, front=front)
+                chosen = plan_for_goal(types, private, work, goal, front=whole)
         except NoFeasiblePlan as exc:
             reason = str(exc)
         except ValueError as exc:  # a point that is not on the front
@@ -218,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
             "work": {"tasks": work.tasks, "mean_ref_s": work.mean_ref_s,
                      "total_ref_s": work.tasks * work.mean_ref_s, "planned_ref_s": work.total_ref_s},
             "front": [p.row() for p in front],
+            "cheapest": cheapest.row() if cheapest else (front[-1].row() if front else None),
             "chosen": chosen.row() if chosen else None,
             "solve_ms": round(solve_ms, 3),
         }
@@ -228,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
         if reason:
             print(f"broker plan: {reason}", file=sys.stderr)
     else:
-        print(render_table(work, types, front, chosen))
+        print(render_table(work, types, front, chosen, cheapest))
         if reason:
             print(f"cannot meet {goal.describe() if goal else 'the goal'}: {reason}")
     return 1 if reason else 0
@@ -435,13 +439,19 @@ def _write_json(path: Path, document: dict) -> None:
     path.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
 
 
-def render_table(work: Work, types: Sequence, front: Sequence[Plan], chosen: Plan | None) -> str:
-    """The front as rows: index, makespan, cost, machines per type (with billing), status."""
+def render_table(work: Work, types: Sequence, front: Sequence[Plan], chosen: Plan | None,
+                 cheapest: Plan | None = None) -> str:
+    """The front as rows: index, makespan, cost, machines per type (with billing), status; its
+    knee points only (no row has a plan 10% faster for at most 0.5% more). ``cheapest``: the
+    cheapest plan when it is not a row (slower than the knee for a few percent less): a row
+    marked ``c`` after the others, the plan a run with no goal carries out."""
     lines = [
         f"work: {work.tasks} tasks x {_duration_text(work.mean_ref_s)} mean on a speed-1 slot = "
         f"{work.tasks * work.mean_ref_s:.0f} ref-s; planned for {work.total_ref_s:.0f} ref-s"
     ]
     rows = [(str(k), p) for k, p in enumerate(front, 1)]
+    if cheapest is not None:
+        rows.append(("c", cheapest))
     if chosen is not None and not any(p is chosen for _, p in rows):
         rows.append(("-", chosen))
         rows.sort(key=lambda r: (r[1].makespan_s, r[1].cost_usd))
@@ -460,6 +470,12 @@ def render_table(work: Work, types: Sequence, front: Sequence[Plan], chosen: Pla
                                enumerate(zip(row, widths))).rstrip())
     if not front:
         lines.append("(no plan)")
+    elif cheapest is not None:
+        last = front[-1]
+        lines.append(f"rows 1-{len(front)}: the knee points (no plan is 10% faster for at most 0.5% more); "
+                     f"c: the cheapest plan, {100 * (1 - cheapest.cost_usd / last.cost_usd):.1f}% below row "
+                     f"{len(front)} in {cheapest.makespan_s / max(last.makespan_s, 1e-9):.1f}x its makespan "
+                     f"(no goal, or --theta 1, runs it)")
     return "\n".join(lines)
 
 

@@ -136,23 +136,23 @@ class FleetPlanner:
         return PlanResult(best, LaunchCause.BUDGET_SHORT, f"{first_error}; buying about {lo:.0%} of the remaining work")
 
     def front_choice(self, pin: PlannerInput, goal):
-        from ..plan import NoFeasiblePlan, choose_point, choose_theta, pareto_front
+        from ..plan import NoFeasiblePlan, choose_point, choose_theta, plan_front
 
         try:
-            front = pareto_front(pin.types, pin.private, pin.work, existing=pin.existing, now_s=pin.now_s,
-                                 options=self.options)
+            front = plan_front(pin.types, pin.private, pin.work, existing=pin.existing, now_s=pin.now_s,
+                               options=self.options)
         except NoFeasiblePlan:
             return None
-        if not front:
+        if not front.points:
             return None
         if goal.kind == GoalKind.POINT:
             # The run-time front may have fewer points than the one ``broker plan`` printed:
             # take the nearest point that exists rather than fail.
-            chosen = choose_point(front, min(max(int(goal.value), 1), len(front)))
+            chosen = choose_point(front.points, min(max(int(goal.value), 1), len(front.points)))
         elif goal.kind == GoalKind.THETA:
-            chosen = choose_theta(front, float(goal.value))
+            chosen = choose_theta(front.with_cheapest(), float(goal.value))
         else:
-            chosen = choose_theta(front, 1.0)  # no goal: the cheapest point
+            chosen = front.cheapest  # no goal: the cheapest plan
         return self.soonest_at_cost(pin, chosen)
 
     def soonest_at_cost(self, pin: PlannerInput, chosen):
