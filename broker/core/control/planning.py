@@ -176,10 +176,18 @@ class FleetPlanner:
     def bats(self, types, rem, budget_usd, spent_usd) -> dict[str, int] | None:
         from ..plan import NoFeasiblePlan, bats_configuration
 
-        mean_per_type = {t.name: rem.mean_ref_s / t.speed for t in types}
+        # BaTS sizes the fleet for N tasks left at their mean runtime. That mean is the remaining
+        # work's (the bag's estimates, corrected by what finished), not the finished tasks'
+        # mean: dispatch runs the largest tasks first, so the first to finish are the longest
+        # (thesis LM: 11,700 ref-s after an hour against 1,009), and a budget that buys the bag
+        # twice over then bought nothing after the first hour (10,000 tasks: nothing launched
+        # from t = 0 until 187.8 h, the private node doing the work alone).
+        tasks = rem.pending + rem.running
+        mean_ref_s = rem.point_ref_s / tasks if tasks > 0 and rem.point_ref_s > 0 else rem.mean_ref_s
+        mean_per_type = {t.name: mean_ref_s / t.speed for t in types}
         budget = math.inf if budget_usd is None else budget_usd - spent_usd
         try:
-            plan = bats_configuration(types, rem.pending + rem.running, mean_per_type, budget)
+            plan = bats_configuration(types, tasks, mean_per_type, budget)
         except NoFeasiblePlan:
             return None
         return dict(plan.fleet)
