@@ -93,6 +93,13 @@ class TaskPool:
     def known_total_ref_s(self) -> float:
         return self._known_total
 
+    def task_ids(self):
+        """Every pending task id (read-only): those with estimates by estimate ascending, then
+        the others in the order they would be taken."""
+        for _, tid in self._known:
+            yield tid
+        yield from reversed(self._unknown)
+
     def estimate(self, task_id: str) -> float | None:
         return self._known_est.get(task_id)
 
