@@ -121,7 +121,9 @@ def fill(slots_wanted: int, order: list[MachineType], live: list[NodeView], max_
         if slots_wanted <= 0 or launched >= max_instances:
             break
         room = t.limit - have.get(t.name, 0)
-        count = min(room, math.ceil(slots_wanted / t.slots), int(max_instances - launched))
+        count = min(room, math.ceil(slots_wanted / t.slots))
+        if math.isfinite(max_instances):
+            count = min(count, int(max_instances - launched))
         if count > 0:
             s.actions.append(Launch(t.name, count, cause, math.inf))
             slots_wanted -= count * t.slots
