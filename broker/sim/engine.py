@@ -45,7 +45,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..core.control.actions import Assign, Launch, Replicate, ScheduleRelease, StopForBudget
+from ..core.control.actions import Assign, Cancel, Launch, Replicate, ScheduleRelease, StopForBudget
 from ..core.control.controller import Controller, ControllerConfig
 from ..core.control.failures import FailureBook, FailurePolicy, TypeCooldown, may_give_up
 from ..core.control.pool import TaskPool
@@ -335,6 +335,8 @@ class Simulation:
                 self._launch(a)
             elif isinstance(a, StopForBudget):
                 self.result.budget_stopped = True
+            elif isinstance(a, Cancel):
+                self._cancel(a.task_id, a.attempt)
 
     def _launch(self, a: Launch) -> None:
         t = self.types[a.type_name]
@@ -408,6 +410,15 @@ class Simulation:
         self._touch(node)
         if a.cause == "sampling":
             self.result.samples += 1
+
+    def _cancel(self, task: str, attempt: int) -> None:
+        """Stop a running attempt (not a failure: the task goes back to the pool)."""
+        for node_id, slot in list(self._copies.get(task, ())):
+            node = self.nodes[node_id]
+            if node.running.get(slot, (None, None))[1] == attempt:
+                _t, _a, start, _end = self._stop_attempt(node, slot)
+                self.result.wasted_ref_s += (self.now - start) * node.actual_speed
+        self._requeue(task)
 
     # -- events ------------------------------------------------------------------------------
     def _stop_attempt(self, node: _Node, slot: int) -> tuple[str, int, float, float]:
