@@ -105,8 +105,10 @@ class Result:
 def config_for(spec: Spec) -> ControllerConfig:
     from broker.core.control.peers import PeerOptions
 
-    return ControllerConfig(policy=spec.policy, eta=spec.eta, tick_s=spec.scenario.tick_s,
-                            peer=PeerOptions(**dict(spec.peer)))
+    options = dict(spec.peer)
+    order = options.pop("list_order", "longest")
+    return ControllerConfig(policy=spec.policy, eta=spec.eta, tick_s=spec.scenario.tick_s, list_order=order,
+                            peer=PeerOptions(**options))
 
 
 def run(spec: Spec) -> Result:
@@ -338,6 +340,42 @@ def versus_goals(scn, b: Bounds, base: Result, at_budget: Result | None, at_dead
         goals.append(line)
 
 
+# -- the literal List_eta, next to the thesis's Tables 6.4 / 6.5 (for information) --------------
+LIST_ETAS = (1, 11, 21, 41, 61, 81)
+LIST_ORDERS = ("longest", "random")
+
+
+def thesis_list_specs(seed: int, tasks: int) -> list[Spec]:
+    """List_eta on the eta most cost-efficient machines (ties faster first, the private node
+    included), eta swept, tasks taken longest first or at random (thesis 5.8.4, 6.5.2)."""
+    specs = []
+    for m in (20, 60):
+        for w in sc.THESIS_WORKLOADS:
+            scn = sc.LeagueScenario(f"{w}{m}", "thesis", w, tasks, m)
+            for eta in LIST_ETAS + ((121, 181, 241) if m == 60 else ()):
+                for order in LIST_ORDERS:
+                    specs.append(Spec(scn, f"List eta={eta} {order}", "list", eta=eta, seed=seed,
+                                      peer=(("list_order", order),)))
+    return specs
+
+
+def report_thesis_list(results: list[Result]) -> None:
+    rows = []
+    for name in [f"{w}{m}" for m in (20, 60) for w in sc.THESIS_WORKLOADS]:
+        mine = [r for r in results if r.spec.scenario.name == name]
+        if not mine:
+            continue
+        best_t, best_c = sc.THESIS_BEST_MAKESPAN[name], sc.THESIS_BEST_COST[name]
+        cells = []
+        for r in sorted(mine, key=lambda r: (r.spec.eta, r.spec.label)):
+            cells.append(f"{r.spec.eta}{r.spec.label.split()[-1][0]} {outcome(r)}")
+        rows.append([name, f"{best_t[1].hours}h ${best_t[1].usd}", f"{best_c[1].hours}h ${best_c[1].usd}",
+                     "; ".join(cells)])
+    table("Literal List_eta (n as in the thesis; eta swept; l = longest first, r = random), "
+          "beside the thesis's List at its best-makespan / best-cost points (Tables 6.4, 6.5), for information",
+          ["scen.", "thesis List T_lower", "thesis List best cost", "ours: eta+order makespan cost"], rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -345,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--tasks", type=int, default=10_000, help="bag size of the thesis-catalogue scenarios")
     ap.add_argument("--only", action="append", help="run only the scenarios so named (repeatable)")
+    ap.add_argument("--thesis-list", action="store_true",
+                    help="also run the literal List_eta at the thesis's n = 100,000 (eta swept; default in a full run)")
     args = ap.parse_args(argv)
     print(f"command: python3 bench/league.py {' '.join(sys.argv[1:] if argv is None else argv)}".rstrip())
     print(f"machine: {platform.node()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start, "
@@ -359,6 +399,10 @@ def main(argv: list[str] | None = None) -> int:
     goals: list[str] = []
     for s in scenarios:
         report_scenario(s, bounds[s], first + second, goals)
+    listed: list[Result] = []
+    if args.thesis_list or not (args.quick or args.only):
+        listed = run_all(thesis_list_specs(args.seed, sc.THESIS_TASKS), args.jobs)
+        report_thesis_list(listed)
     print("\nGoals (issue 15, Must show)")
     for g in goals:
         print(g)
