@@ -22,6 +22,7 @@ from .actions import Launch, ScheduleRelease
 from .budget import affordable, affordable_extension, budget_of, planned_spend, short_life_s
 from .causes import LaunchCause, Policy, ReleaseCause
 from .estimates import RemainingWork
+from .peer_policies import PEER_POLICIES
 from .scratch import Scratch
 from .snapshot import Memory, Snapshot
 
@@ -150,7 +151,8 @@ class Bats(BaselinePolicy):
                     s.release[n.id] = nxt
 
 
-BASELINES: dict[Policy, BaselinePolicy] = {p.name: p for p in (ListEta(), RoundRobin(), FirstFit(), OneVmForAll(), Bats())}
+BASELINES: dict[Policy, BaselinePolicy] = {
+    p.name: p for p in (ListEta(), RoundRobin(), FirstFit(), OneVmForAll(), Bats(), *PEER_POLICIES)}
 
 
 def baseline_fleet(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork,
@@ -162,8 +164,9 @@ def baseline_fleet(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
         memory = replace(memory, last_plan_at_s=now)
     memory = BASELINES[ctl.config.policy].fleet(ctl, snap, memory, now, rem, s, first)
     # Baselines keep machines while work is pending and let idle ones go at the end of
-    # their paid time once nothing is pending (they hold no plan to release earlier).
-    if len(snap.pending) == 0:
+    # their paid time once nothing is pending (they hold no plan to release earlier); the
+    # peers release idle instances by their own clocks.
+    if len(snap.pending) == 0 and getattr(BASELINES[ctl.config.policy], "releases_idle", True):
         for n in live:
             if not n.running and (s.release_of(n) is None or s.release_of(n) > now):
                 s.actions.append(ScheduleRelease(n.id, now, ReleaseCause.IDLE_NOTHING_PENDING))

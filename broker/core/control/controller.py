@@ -40,6 +40,7 @@ from .causes import Policy, ReleaseCause
 from .dispatch import dispatch, keep_running_work
 from .estimates import RemainingWork, mean_estimate, remaining_work
 from .fleet import plan_and_fleet
+from .peers import PeerOptions
 from .planning import FleetPlanner
 from .sampling import sample, samples_needed, sd_estimate
 from .scratch import Scratch
@@ -72,11 +73,15 @@ class ControllerConfig:
     fit_safety: float = 1.0  # a task with an estimate fits when estimate x this <= time to release x speed
     warm_start: bool = True  # budget re-plans start their search where the last plan ended
     fit_z: float = 1.28  # a task without one fits when mean + fit_z sd does (about its 90% quantile)
+    peer: PeerOptions = PeerOptions()  # the peers' published defaults (peers.py)
+    list_order: str = "longest"  # List_eta takes tasks longest first, or at "random" (thesis 6.5.2)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         object.__setattr__(self, "policy", Policy(self.policy))  # a plain string comes in too
+        if self.list_order not in ("longest", "random"):
+            raise ValueError(f"list_order must be longest or random, got {self.list_order!r}")
         if self.list_fleet is not None and any(count < 0 for _, count in self.list_fleet):
             raise ValueError(f"list_fleet counts must be >= 0, got {self.list_fleet!r}")
 
@@ -110,8 +115,10 @@ class Controller:
             # Sampling phase: no plan is made on a handful of runtimes.
             memory = sample(self, snap, memory, now, rng, s)
             return Decision(tuple(s.actions), memory, None, tuple(s.notes))
-        # Remaining work is only needed to re-plan; dispatch needs the mean alone.
-        rem = remaining_work(snap, self.config.confidence_z) if tick else None
+        # Remaining work is only needed to re-plan; dispatch needs the mean alone (a peer's
+        # rule runs on every decision: its own clock is finer than the monitoring tick).
+        every = self.config.policy != Policy.BROKER and getattr(BASELINES[self.config.policy], "every_decision", False)
+        rem = remaining_work(snap, self.config.confidence_z) if tick or every else None
         if rem is not None:
             if self.config.policy == Policy.BROKER:
                 memory = plan_and_fleet(self, snap, memory, now, rem, s)

@@ -78,7 +78,9 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
             limit_ref = math.inf
             if fit_rule and release is not None:
                 limit_ref = (release - now) * node.speed / ctl.config.fit_safety
-            pick = snap.pending.largest_fitting(limit_ref, fit_size if fit_rule else mean, s.taken)
+            pick = _baseline_pick(ctl, snap, memory, node, rng, s)
+            if pick is None:
+                pick = snap.pending.largest_fitting(limit_ref, fit_size if fit_rule else mean, s.taken)
             if pick is None and not fit_rule:
                 pick = snap.pending.smallest(mean, s.taken)
             if pick is None:
@@ -100,6 +102,23 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
             idle_slots = [x for x in idle_slots if (x[0].id, x[1]) != (node.id, slot)]
     if ctl.config.replicate and ctl.config.policy == Policy.BROKER and len(snap.pending) - len(s.taken) <= 0 and idle_slots:
         replicate(snap, now, mean, idle_slots, s)
+
+
+def _baseline_pick(ctl: Controller, snap: Snapshot, memory: Memory, node: NodeView, rng, s: Scratch):
+    """A baseline's own choice of task for a free slot of ``node`` (None: the shared rule).
+    PANDA runs the largest task assigned to the machine; List_eta with ``list_order`` random
+    takes any pending task (the thesis's Random priority)."""
+    policy = ctl.config.policy
+    if policy == Policy.BROKER:
+        return None
+    if policy == Policy.LIST and ctl.config.list_order == "random" and rng is not None:
+        tid = snap.pending.draw(rng, s.taken)
+        return None if tid is None else (tid, snap.pending.estimate(tid))
+    hook = getattr(BASELINES[policy], "pick", None)
+    if hook is None:
+        return None
+    tid = hook(ctl, snap, memory, node, s)
+    return None if tid is None else (tid, snap.pending.estimate(tid))
 
 
 def replicate(snap: Snapshot, now: float, mean: float, idle_slots, s: Scratch) -> None:

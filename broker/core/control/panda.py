@@ -44,6 +44,7 @@ from ..pack.bins import UNASSIGNED, Bin
 from ..pack.ffd import ffd_with_targets
 from ..pack.targets import workload_targets
 from .actions import Launch, ScheduleRelease
+from .causes import LaunchCause, ReleaseCause
 from .snapshot import NodeView, Snapshot
 
 EFFICIENT_WITHIN = 0.05  # "the most cost effective resources": within 5% of the best s_i / c_i
@@ -152,7 +153,7 @@ def fleet(snap: Snapshot, now: float, s, state: PandaState, margin_s: float) -> 
             name = bin_id.rsplit("#", 1)[0]
             wanted[name] = wanted.get(name, 0) + 1
     for name, count in sorted(wanted.items()):
-        s.actions.append(Launch(name, count, "panda_targets", math.inf))
+        s.actions.append(Launch(name, count, LaunchCause.PANDA_TARGETS, math.inf))
     for bin_id, n in nodes.items():
         if n.is_private or n.running or state.queues.get(bin_id) or state.unplaced:
             continue
@@ -160,7 +161,7 @@ def fleet(snap: Snapshot, now: float, s, state: PandaState, margin_s: float) -> 
         at = max(now, t.billing.paid_until(n.launched_at_s, now) - margin_s)
         rel = s.release_of(n)
         if rel is None or rel > at + 1e-6:
-            s.actions.append(ScheduleRelease(n.id, at, "panda_no_work_assigned"))
+            s.actions.append(ScheduleRelease(n.id, at, ReleaseCause.PANDA_NO_WORK_ASSIGNED))
             s.release[n.id] = at
 
 

@@ -50,6 +50,7 @@ from typing import Iterable
 
 from ..model import MachineType
 from .actions import Launch, ScheduleRelease
+from .causes import LaunchCause, ReleaseCause
 from .snapshot import NodeView, Snapshot
 
 
@@ -153,7 +154,7 @@ def autoscale_idle(snap: Snapshot, now: float, s, state: dict, opts: PeerOptions
     gone = set()
     for n in live:
         if n.id in idle and now - idle[n.id] >= opts.idle_timeout_s - 1e-9:
-            release_now(n, now, "idle_timeout", s)
+            release_now(n, now, ReleaseCause.IDLE_TIMEOUT, s)
             gone.add(n.id)
     live = [n for n in live if n.id not in gone]
     demand = len(snap.pending) - free_slots(snap, live)
@@ -161,7 +162,7 @@ def autoscale_idle(snap: Snapshot, now: float, s, state: dict, opts: PeerOptions
         ready = sum(1 for n in live if n.ready(now))
         booting = len(live) - ready
         room = max(opts.min_pending_launches, math.ceil(opts.upscaling_speed * ready)) - booting
-        fill(demand, by_efficiency(snap.types.values()), live, max(room, 0), "pending_demand", s)
+        fill(demand, by_efficiency(snap.types.values()), live, max(room, 0), LaunchCause.PENDING_DEMAND, s)
     return {"idle_since": {k: v for k, v in idle.items() if k not in gone}}
 
 
@@ -178,7 +179,7 @@ def adaptive(snap: Snapshot, now: float, s, state: dict, opts: PeerOptions, work
     maximum = private_slots + sum(t.limit * t.slots for t in order)
     target = min(math.ceil(work_ref_s / speed / opts.target_duration_s), tasks, maximum)
     if target > current:
-        fill(target - current, order, live, math.inf, "adaptive_target", s)
+        fill(target - current, order, live, math.inf, LaunchCause.ADAPTIVE_TARGET, s)
         return {}
     proposed: dict[str, tuple[int, float]] = {}
     if target < current:
@@ -191,7 +192,7 @@ def adaptive(snap: Snapshot, now: float, s, state: dict, opts: PeerOptions, work
             count, first = before.get(n.id, (0, now))
             count += 1
             if count >= opts.wait_count and now - first >= (opts.wait_count - 1) * opts.interval_s - 1e-9:
-                release_now(n, now, "adaptive_scale_down", s)
+                release_now(n, now, ReleaseCause.ADAPTIVE_SCALE_DOWN, s)
             else:
                 proposed[n.id] = (count, first)
             surplus -= n.slots
@@ -204,11 +205,11 @@ def batch(snap: Snapshot, now: float, s, state: dict, opts: PeerOptions) -> dict
     if len(snap.pending) == 0:
         for n in live:
             if not n.running and n.ready(now):
-                release_now(n, now, "no_runnable_jobs", s)
+                release_now(n, now, ReleaseCause.NO_RUNNABLE_JOBS, s)
         return {}
     demand = len(snap.pending) - free_slots(snap, live)
     if demand > 0:
-        fill(demand, by_price_per_slot(snap.types.values()), live, math.inf, "runnable_vcpus", s)
+        fill(demand, by_price_per_slot(snap.types.values()), live, math.inf, LaunchCause.RUNNABLE_VCPUS, s)
     return {}
 
 
@@ -228,18 +229,18 @@ def static(snap: Snapshot, now: float, s, state: dict, opts: PeerOptions, tick_s
     lease_end = state.get("lease_end")
     if lease_end is None:
         for name, count in annex_fleet(snap, opts).items():
-            s.actions.append(Launch(name, min(count, snap.types[name].limit), "annex_lease", opts.lease_s))
+            s.actions.append(Launch(name, min(count, snap.types[name].limit), LaunchCause.ANNEX_LEASE, opts.lease_s))
         return {"lease_end": now + opts.lease_s, "idle_since": {}}
     live = live_instances(snap, now, s)
     idle = _idle_since(snap, now, live, state.get("idle_since", {}))
     for n in live:
         if n.id in idle and now - idle[n.id] >= opts.annex_idle_s - 1e-9:
-            release_now(n, now, "annex_idle", s)
+            release_now(n, now, ReleaseCause.ANNEX_IDLE, s)
     work_left = len(snap.pending) + snap.count_running() > 0
     if work_left and lease_end - now <= tick_s + 1e-9:
         lease_end = now + opts.lease_s
         for n in live:
             if not (n.id in idle and now - idle[n.id] >= opts.annex_idle_s - 1e-9):
-                s.actions.append(ScheduleRelease(n.id, lease_end, "annex_lease_renewed"))
+                s.actions.append(ScheduleRelease(n.id, lease_end, ReleaseCause.ANNEX_LEASE_RENEWED))
                 s.release[n.id] = lease_end
     return {"lease_end": lease_end, "idle_since": idle}

@@ -167,3 +167,4 @@ class Memory:
     budget_stopped: bool = False
     plan_failures: int = 0
     last_note: str | None = None
+    peer_state: object | None = None  # a baseline's own state (peer_policies: idle clocks, PANDA's lists)
