@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from broker.core.billing import Billing
@@ -49,7 +50,7 @@ def scenarios(draw):
     private = tuple(PrivateNode(f"own{k}", draw(st.integers(1, 2)), draw(st.sampled_from([1.0, 5.0])),
                                 draw(st.sampled_from([0.02, 0.3, 2.0])), local=True)
                     for k in range(draw(st.integers(1, 2))))
-    n = draw(st.integers(5, 120))
+    n = draw(st.integers(5, 80))
     seed = draw(st.integers(0, 10_000))
     rng = np.random.default_rng(seed)
     runtimes = rng.lognormal(math.log(draw(st.sampled_from([60.0, 600.0, 1800.0]))) - 0.125, 0.5, n)
@@ -64,7 +65,8 @@ def scenarios(draw):
 
 
 @given(scenarios())
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_total_cost_never_exceeds_the_budget_with_private_nodes(sc):
     inv, wl, budget, seed = sc
     cfg = ControllerConfig(tick_s=60.0, replan_every_s=600.0)

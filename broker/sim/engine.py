@@ -633,8 +633,10 @@ class Simulation:
                 if on_progress is not None:
                     on_progress(SimProgress(self.now, self.result.tasks_done, n, committed))
                 busy = self._running > 0
-                alive = any(not node.lost and (node.type is None or node.release_at is None
-                                               or node.release_at > self.now)
+                # a private node the budget no longer pays for is no capacity (Memory.private_stopped)
+                alive = any(not node.lost and ((node.type is None and not self.memory.private_stopped)
+                                               or (node.type is not None and (node.release_at is None
+                                                                              or node.release_at > self.now)))
                             for node in self._live.values())
                 idle_ticks = 0 if (busy or alive) else idle_ticks + 1
                 if may_give_up(idle_ticks, budget_stopped=self.memory.budget_stopped,

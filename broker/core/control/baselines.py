@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from ..model import MachineType
 from .actions import Launch, ScheduleRelease
-from .budget import affordable, affordable_extension, budget_of, planned_spend, short_life_s
+from .budget import affordable, affordable_extension, budget_of, private_rate_usd_per_s, short_life_s, total_spend
 from .causes import LaunchCause, Policy, ReleaseCause
 from .estimates import RemainingWork
 from .peer_policies import PEER_POLICIES
@@ -113,7 +113,8 @@ class Bats(BaselinePolicy):
 
     def fleet(self, ctl, snap, memory, now, rem, s, first):
         budget = budget_of(ctl, snap)
-        cfg = ctl.planner.bats(tuple(snap.types.values()), rem, budget, planned_spend(snap, s.release, now))
+        cfg = ctl.planner.bats(tuple(snap.types.values()), rem, budget, total_spend(ctl, snap, s.release, now),
+                               private_rate_usd_per_s(ctl))
         if cfg is None:
             return memory
         self._launch_configuration(ctl, snap, now, s, cfg)

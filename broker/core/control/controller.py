@@ -30,10 +30,11 @@ private nodes), the snapshot, the memory and the decision's scratch state.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .actions import Action, ScheduleRelease
 from .baselines import BASELINES, baseline_fleet
+from .budget import stop_private_work
 from .baselines import list_eta_machines as _list_eta_machines  # noqa: F401 (bench/reproduce.py)
 from .baselines import most_efficient as _most_efficient  # noqa: F401
 from .causes import Policy, ReleaseCause
@@ -108,6 +109,8 @@ class Controller:
         s = Scratch()
         if self._finish_or_stop(snap, now, s):
             return Decision(tuple(s.actions), memory, None, tuple(s.notes))
+        if not memory.private_stopped and stop_private_work(self, snap, now, s):
+            memory = replace(memory, private_stopped=True)
         mean = mean_estimate(snap)
         if mean is not None:
             mean = (mean, mean + self.config.fit_z * sd_estimate(snap, mean))

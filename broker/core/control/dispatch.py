@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from .actions import Assign, Replicate, ScheduleRelease, SlotRef
 from .baselines import BASELINES
-from .budget import affordable_extension, budget_of
+from .budget import affordable_extension, budget_of, private_until_s
 from .causes import Policy, ReleaseCause, WorkCause
 from .scratch import Scratch
 from .snapshot import Memory, NodeView, Snapshot
@@ -68,15 +68,19 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
     fit_rule = ctl.config.policy == Policy.BROKER or BASELINES[ctl.config.policy].fit_rule
     ready = sorted((n for n in snap.nodes_with_free_slots() if n.ready(now)), key=lambda n: (-n.speed, n.id))
     idle_slots: list[tuple[NodeView, int, float]] = []
+    # Under a budget, private time is paid up to ``private_until_s``: a private slot takes only
+    # a task that ends before it (as an instance's before its release), none once it is spent.
+    private_until = now if memory.private_stopped else private_until_s(ctl, snap, s, now)
     for node in ready:
         if len(node.running) >= node.slots:
             continue
-        release = s.release_of(node) if not node.is_private else None
+        release = s.release_of(node) if not node.is_private else (
+            None if math.isinf(private_until) else private_until)
         for slot in node.free_slots():
             if (node.id, slot) in s.used_slots or (release is not None and release <= now):
                 continue
             limit_ref = math.inf
-            if fit_rule and release is not None:
+            if (fit_rule or node.is_private) and release is not None:
                 limit_ref = (release - now) * node.speed / ctl.config.fit_safety
             pick = _baseline_pick(ctl, snap, memory, node, rng, s)
             if pick is None:

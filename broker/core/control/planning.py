@@ -180,7 +180,7 @@ class FleetPlanner:
             return chosen
         return sooner if sooner.makespan_s < chosen.makespan_s else chosen
 
-    def bats(self, types, rem, budget_usd, spent_usd) -> dict[str, int] | None:
+    def bats(self, types, rem, budget_usd, spent_usd, private_usd_per_s: float = 0.0) -> dict[str, int] | None:
         from ..plan import NoFeasiblePlan, bats_configuration
 
         # BaTS sizes the fleet for N tasks left at their mean runtime. That mean is the remaining
@@ -195,6 +195,10 @@ class FleetPlanner:
         budget = math.inf if budget_usd is None else budget_usd - spent_usd
         try:
             plan = bats_configuration(types, tasks, mean_per_type, budget)
+            # A budget is the whole bill: the private nodes cost ``private_usd_per_s`` over the
+            # configuration's makespan too (BaTS has no private nodes; twice round is enough).
+            for _ in range(2 if private_usd_per_s > 0 and math.isfinite(budget) else 0):
+                plan = bats_configuration(types, tasks, mean_per_type, budget - private_usd_per_s * plan.makespan_s)
         except NoFeasiblePlan:
             return None
         return dict(plan.fleet)

@@ -12,6 +12,7 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from .budget import private_rate_usd_per_s
 from .causes import GoalKind
 from .estimates import RemainingWork
 from .planning import PlanResult
@@ -95,7 +96,10 @@ def solve(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: Rema
         # The planner sees existing instances paid up to their current boundary and
         # decides their extensions itself, so it gets the budget minus what is charged,
         # not minus the units already scheduled (that would count them twice).
-        budget_left = float(ctl.goal.value) - snap.committed_usd
+        # The private nodes' cost so far counts against it too (a budget is the whole bill);
+        # the plan's own cost includes their share from now on.
+        budget_left = float(ctl.goal.value) - snap.committed_usd - private_rate_usd_per_s(ctl) * max(
+            0.0, now - snap.started_at_s)
         hint = None
         if memory.last_plan is not None and memory.last_plan_at_s is not None and ctl.config.warm_start:
             # where the last plan ended, from now: the search starts there
