@@ -43,7 +43,18 @@ class FleetPlanner:
             self._options = PlanOptions()
         return self._options
 
-    def input(self, types, private, nodes, rem, now_s: float, unit_started: bool = False) -> PlannerInput:
+    def lean(self) -> "FleetPlanner":
+        """The same planner without the gap factor phi in the packing allowance (half a task
+        per slot is kept): for launches that a later re-plan can still correct (``replan``'s
+        rules say when)."""
+        if getattr(self, "_lean", None) is None:
+            from dataclasses import replace
+
+            self._lean = FleetPlanner(replace(self.options, phi_s=0.0))
+        return self._lean
+
+    def input(self, types, private, nodes, rem, now_s: float, unit_started: bool = False,
+              tail_ref_s: float | None = None) -> PlannerInput:
         """``unit_started``: an instance kept past ``now`` counts as paid to the end of the
         billing unit that starts at ``now`` when ``now`` is exactly a boundary. Otherwise, at
         that instant, keeping it costs the same as a new instance and the solver picks
@@ -80,6 +91,8 @@ class FleetPlanner:
         # found 60 reference-hours missing and bought five m1.large for two hours).
         left = rem.pending + rem.running
         mean_ref_s = rem.point_ref_s / left if left > 0 and rem.point_ref_s > 0 else rem.mean_ref_s
+        if tail_ref_s is not None:  # the size of the tasks that run last (replan.tail_size_ref_s)
+            mean_ref_s = tail_ref_s
         work = Work(total_ref_s=max(rem.upper_ref_s, 1e-6), tasks=tasks, mean_ref_s=mean_ref_s, sd_ref_s=rem.sd_ref_s)
         return PlannerInput(tuple(types), tuple(private), tuple(existing), work, now_s)
 

@@ -100,6 +100,10 @@ class TaskPool:
             yield tid
         yield from reversed(self._unknown)
 
+    def smallest_estimates_ref_s(self, k: int) -> list[float]:
+        """The ``k`` smallest estimates of pending tasks (fewer when fewer have one)."""
+        return [e for e, _ in self._known[:max(k, 0)]]
+
     def estimate(self, task_id: str) -> float | None:
         return self._known_est.get(task_id)
 
