@@ -92,6 +92,8 @@ def private_until_s(ctl: Controller, snap: Snapshot, s: Scratch, now: float) -> 
 def stop_private_work(ctl: Controller, snap: Snapshot, now: float, s: Scratch) -> bool:
     """Cancel the private nodes' running tasks when the budget cannot pay for another tick of
     private time; True when private time is spent (nothing more starts there)."""
+    if budget_of(ctl, snap) is None or not ctl.private:
+        return False
     until = private_until_s(ctl, snap, s, now)
     if now + ctl.config.tick_s <= until:
         return False

@@ -70,7 +70,8 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
     idle_slots: list[tuple[NodeView, int, float]] = []
     # Under a budget, private time is paid up to ``private_until_s``: a private slot takes only
     # a task that ends before it (as an instance's before its release), none once it is spent.
-    private_until = now if memory.private_stopped else private_until_s(ctl, snap, s, now)
+    private_until = now if memory.private_stopped else (
+        private_until_s(ctl, snap, s, now) if any(n.is_private for n in ready) else math.inf)
     for node in ready:
         if len(node.running) >= node.slots:
             continue

@@ -23,7 +23,13 @@ if TYPE_CHECKING:
 
 
 def drifted(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork) -> bool:
-    """True when the fleet cannot finish the remaining work by the planned end."""
+    """True when the fleet cannot finish the remaining work by the planned end (the point value
+    when the plans are made for it: a budget, or a deadline whose hedge waits; measured against
+    the upper value, such a fleet looked off its plan at every tick and re-planned every 5 min,
+    a budget search of ten solves each time)."""
+    if (ctl.goal.kind == GoalKind.BUDGET and ctl.config.budget_on_point) or (
+            ctl.goal.kind != GoalKind.BUDGET and ctl.config.hedge_later):
+        rem = replace(rem, upper_ref_s=rem.point_ref_s)
     if memory.planned_makespan_s is None:
         return True
     end = snap.started_at_s + memory.planned_makespan_s
