@@ -7,7 +7,7 @@ machines a type with estimates within 10%; BaTS's five; the thesis catalogue bil
 (60 s minimum, 60 s boot); LM20 without estimates (and no prior mean: every policy learns the
 runtimes from the tasks it runs) and with 30% error; a heavy-tailed bag (lognormal, sigma 1,
 capped at a 4 h timeout, no estimates). ``--quick``: LM20 (10% and none), BaTS S1-4, per-second
-and heavy tail at a quarter of the bag.
+and heavy tail, 2,000 tasks each.
 
 Policies, all through the same controller, simulator, billing and boot delays: List_eta on the
 most cost-efficient machines (eta = their count, private node included), round robin on every
