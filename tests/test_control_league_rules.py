@@ -2,8 +2,7 @@
 
 - hedge later: at a deadline, buy for the work's point value (lean allowance) while the upper
   value can still be covered by capacity bought at the next re-plan; buy the hedge now when it
-  cannot wait;
-- budget on the point value: a budget buys the fastest fleet for the work as estimated.
+  cannot wait.
 """
 
 from __future__ import annotations
@@ -38,11 +37,3 @@ def test_the_hedge_is_bought_now_when_it_cannot_wait():
     # the plan for it is bought at once
     assert launches(_first_plan(284, slow_limit=1)).get("slow", 0) == 1
     assert launches(_first_plan(276, slow_limit=1)) == {"eff": 2}
-
-
-def test_a_budget_buys_the_fastest_fleet_for_the_work_as_estimated():
-    # 68 tasks of 1,000 ref-s and $0.60: both eff instances for an hour do the point value
-    # (68,000 of their 71,000 ref-s); the upper value (+6%) fits only one for two hours
-    goal = Goal("budget", 0.60)
-    assert launches(_first_plan(68, goal=goal)) == {"eff": 2}
-    assert launches(_first_plan(68, goal=goal, budget_on_point=False)) == {"eff": 1}

@@ -74,12 +74,10 @@ class ControllerConfig:
     fit_safety: float = 1.0  # a task with an estimate fits when estimate x this <= time to release x speed
     warm_start: bool = True  # budget re-plans start their search where the last plan ended
     fit_z: float = 1.28  # a task without one fits when mean + fit_z sd does (about its 90% quantile)
-    # The broker's rules that the league (bench/league.py) measures; each says what it buys in
-    # replan.py. hedge_later: at a deadline, buy for the work's point value with the lean
-    # allowance while the upper value can still be covered by capacity bought at the next
-    # re-plan. budget_on_point: a budget buys the fastest fleet for the point value.
+    # The broker's rule the league (bench/league.py) measures; replan.solve_hedging_later says
+    # what it buys: at a deadline, buy for the work's point value with the lean allowance while
+    # the upper value can still be covered by capacity bought at the next re-plan.
     hedge_later: bool = True
-    budget_on_point: bool = True
     peer: PeerOptions = PeerOptions()  # the peers' published defaults (peers.py)
     list_order: str = "longest"  # List_eta takes tasks longest first, or at "random" (thesis 6.5.2)
 

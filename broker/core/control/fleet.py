@@ -33,7 +33,7 @@ def plan_and_fleet(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
     # A run stopped for its budget knows its fleet cannot finish the work: that is the
     # drift the early re-plan looks for, so it waits for the regular one (each re-plan
     # of a short budget bisects the share of the work the budget buys: ~8 searches).
-    due = since >= regular_replan_s(ctl) - 1e-9 or (
+    due = since >= ctl.config.replan_every_s - 1e-9 or (
         since >= ctl.config.min_replan_gap_s - 1e-9 and not memory.budget_stopped
         and drifted(ctl, snap, memory, now, rem)
     )
@@ -69,19 +69,6 @@ def plan_and_fleet(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
 
 
 # -- hysteresis ---------------------------------------------------------------------------
-def regular_replan_s(ctl: Controller) -> float:
-    """The re-plan interval when nothing drifted. A budget planned on the point value re-plans
-    on drift, and otherwise every ``BUDGET_REPLAN_FACTOR`` intervals: each re-plan is a search of
-    about ten solves, and the fleet on track has nothing to change (1VM4All's cost as budget on
-    LM, 2,500 tasks, 34 h: a search every 15 min took minutes of simulation)."""
-    if ctl.goal.kind == GoalKind.BUDGET and ctl.config.budget_on_point:
-        return BUDGET_REPLAN_FACTOR * ctl.config.replan_every_s
-    return ctl.config.replan_every_s
-
-
-BUDGET_REPLAN_FACTOR = 3
-
-
 def with_hysteresis(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork,
                     result: PlanResult) -> PlanResult:
     """Act on a change of fleet only if it survives a change of the work.

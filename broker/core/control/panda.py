@@ -167,7 +167,9 @@ def fleet(snap: Snapshot, now: float, s, state: PandaState, margin_s: float) -> 
 
 def pick(snap: Snapshot, state: PandaState, bin_id: str | None, taken: set[str]) -> str | None:
     """Step 6: the largest task assigned to the machine still pending, else the largest unplaced
-    one. Advances the machine's cursor in ``state.cursor`` (the caller's copy)."""
+    one. The machine's cursor in ``state.cursor`` moves past the tasks it returns and the ones
+    no longer pending or taken in this decision (the only state dispatch changes: a task
+    behind it that comes back to the pool waits for the next interval's lists)."""
     queue = state.queues.get(bin_id, ()) if bin_id is not None else ()
     k = state.cursor.get(bin_id, 0)
     while k < len(queue):

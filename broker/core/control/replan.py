@@ -24,11 +24,9 @@ if TYPE_CHECKING:
 
 def drifted(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork) -> bool:
     """True when the fleet cannot finish the remaining work by the planned end (the point value
-    when the plans are made for it: a budget, or a deadline whose hedge waits; measured against
-    the upper value, such a fleet looked off its plan at every tick and re-planned every 5 min,
-    a budget search of ten solves each time)."""
-    if (ctl.goal.kind == GoalKind.BUDGET and ctl.config.budget_on_point) or (
-            ctl.goal.kind != GoalKind.BUDGET and ctl.config.hedge_later):
+    when the plans are made for it, a deadline whose hedge waits: measured against the upper
+    value, such a fleet looked off its plan at every tick and re-planned every 5 min)."""
+    if ctl.goal.kind != GoalKind.BUDGET and ctl.config.hedge_later and not cost_first(ctl):
         rem = replace(rem, upper_ref_s=rem.point_ref_s)
     if memory.planned_makespan_s is None:
         return True
@@ -110,9 +108,6 @@ def solve(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: Rema
         lean = solve_hedging_later(ctl, snap, memory, now, rem, launches)
         if lean is not None:
             return lean
-    if ctl.config.budget_on_point and ctl.goal.kind == GoalKind.BUDGET:
-        return solve_budget(ctl.planner.lean(), ctl, snap, memory, now, replace(rem, upper_ref_s=rem.point_ref_s),
-                            scale, launches, reserve_usd=band_reserve_usd(ctl, snap, rem))
     return solve_plain(ctl, snap, memory, now, rem, scale, launches)
 
 
@@ -193,38 +188,19 @@ def solve_plain(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem
     return ctl.planner.cheapest_by(pin, deadline_s)
 
 
-def band_reserve_usd(ctl: Controller, snap: Snapshot, rem: RemainingWork) -> float:
-    """What the work beyond its point value (up to the upper value) costs at the lowest price
-    per reference second there is: the money a budget plan on the point value keeps back."""
-    prices = [t.price_per_hour / 3600.0 / t.capacity_per_s for t in snap.types.values()
-              if t.limit > 0 and t.capacity_per_s > 0]
-    prices += [p.cost_per_hour / 3600.0 / p.capacity_per_s for p in ctl.private if p.capacity_per_s > 0]
-    band = max(0.0, rem.upper_ref_s - rem.point_ref_s) * min(prices, default=0.0)
-    budget = float(ctl.goal.value) if ctl.goal.kind == GoalKind.BUDGET else math.inf
-    return min(band, RESERVE_SHARE * budget)
-
-
-# At most this share of the budget is kept back for the tail (thesis LL20 at List's cost, 4,000
-# tasks: 0.5% buys the private node the hour the last 0.14% of the work needed; the whole band,
-# 4.6% at the start, was more than the cheapest plan left over and stopped the run at t = 0).
-RESERVE_SHARE = 0.005
-
-
 def solve_budget(planner, ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork,
-                 scale: float, launches: bool, reserve_usd: float = 0.0) -> PlanResult:
-    """The fastest plan within what is left of the budget.
+                 scale: float, launches: bool) -> PlanResult:
+    """The fastest plan within what is left of the budget (for the upper value of the work,
+    else its point value, else the share of it the budget buys: ``FleetPlanner.fastest_within``).
 
-    With ``budget_on_point`` (the default) ``rem`` is the work's point value and ``planner`` the
-    lean one: rule "the budget buys the fastest fleet for the work as estimated". What it buys:
-    a plan for the upper value is a slower fleet held for work that is probably not there (BaTS
-    S4-3 at round robin's cost: 30% slower than it; thesis LL20 at List's cost: 78% slower).
-    ``reserve_usd`` (``band_reserve_usd``: the band above the point value at the best price) is
-    kept back for the tail: planned to the last cent, thesis LL20 (4,000 tasks) at List's cost
-    ran out of money with 311 tasks (0.14% of the work) left. The hard cap (``budget``) keeps
-    every unit within the budget whatever the work turns out to be, leaving tasks undone rather
-    than overspending (BaTS semantics).
+    Planning a budget on the point value instead (the fastest fleet for the work as estimated)
+    was measured and is not used: at a baseline's cost it matched thesis LL20's List makespan
+    (0.993) where this plan is 50% slower, but near the cost floor it ran out of money with
+    tasks left (LM, 2,000 tasks at the knee's cost: 545 of 2,000; a reserve for the
+    estimate's band made it as slow as this plan again). A budget that leaves the bag undone
+    is the worse failure.
     """
-    pin = planner_input(ctl, snap, now, rem, lean=planner is not ctl.planner)
+    pin = planner_input(ctl, snap, now, rem)
     if not launches:
         pin = replace(pin, types=tuple(replace(t, limit=0) for t in pin.types))
     # The planner sees existing instances paid up to their current boundary and
@@ -238,8 +214,4 @@ def solve_budget(planner, ctl: Controller, snap: Snapshot, memory: Memory, now: 
     if memory.last_plan is not None and memory.last_plan_at_s is not None and ctl.config.warm_start:
         # where the last plan ended, from now: the search starts there
         hint = (memory.last_plan.makespan_s - (now - memory.last_plan_at_s)) * scale
-    result = planner.fastest_within(pin, max(budget_left - reserve_usd, 0.0), rem.point_ref_s, hint_s=hint)
-    if reserve_usd > 0 and result.cause != LaunchCause.BUDGET_PLAN:
-        # the reserve never turns a plan the budget can buy into one it cannot
-        result = planner.fastest_within(pin, max(budget_left, 0.0), rem.point_ref_s, hint_s=hint)
-    return result
+    return planner.fastest_within(pin, budget_left, rem.point_ref_s, hint_s=hint)
