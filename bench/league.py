@@ -50,6 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
 import scenarios as sc  # noqa: E402
+from reproduce import table  # noqa: E402  (the reproduction report's table printer)
 from broker.core.control.controller import ControllerConfig  # noqa: E402
 from broker.core.control.snapshot import Goal  # noqa: E402
 from broker.core.plan import NoFeasiblePlan, PlanOptions, Work, fluid_lower_bound, min_cost, plan_front  # noqa: E402
@@ -249,15 +250,6 @@ def outcome(r: Result | None) -> str:
         return f"ERROR {r.error[:50]}"
     text = f"{hours(r.makespan_s)} {usd(r.cost_usd)}"
     return text if r.complete else f"{text} ({r.tasks_total - r.tasks_done} left)"
-
-
-def table(title: str, header: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    print(f"\n{title}")
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
 
 
 def bound_tolerance(scn: sc.LeagueScenario) -> float:

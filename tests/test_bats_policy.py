@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from broker.core.billing import Billing
+import os
+import sys
+
 from broker.core.control.controller import ControllerConfig
 from broker.core.control.snapshot import Goal
-from broker.core.model import Inventory, MachineType, PrivateNode
 from broker.sim.engine import SimOptions, Simulation
 from broker.sim.workloads import BUILTIN, build_workload
 
-
-def thesis_inventory(count: int) -> Inventory:
-    types = tuple(MachineType(name, 1, speed, price, count, billing=Billing.hourly())
-                  for name, speed, price in (("m1.small", 1.0, 0.080), ("c1.medium", 5.0, 0.165),
-                                             ("m1.large", 4.0, 0.320), ("c1.xlarge", 20.0, 0.660)))
-    return Inventory(private=(PrivateNode("xeon", 1, 10.0, 0.320),), types=types)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from scenarios import thesis_inventory  # noqa: E402  (the thesis catalogue, n machines a type, the xeon)
 
 
 def test_bats_sizes_its_fleet_on_the_remaining_work_not_on_the_longest_tasks_that_finished_first():

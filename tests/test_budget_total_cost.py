@@ -8,6 +8,8 @@ the private node's $0.32 an hour over the makespan.
 from __future__ import annotations
 
 import math
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -20,12 +22,8 @@ from broker.core.model import Inventory, MachineType, PrivateNode
 from broker.sim.engine import SimOptions, SimWorkload, Simulation
 from broker.sim.workloads import BUILTIN, build_workload
 
-
-def thesis_inventory(count: int) -> Inventory:
-    types = tuple(MachineType(name, 1, speed, price, count, billing=Billing.hourly())
-                  for name, speed, price in (("m1.small", 1.0, 0.080), ("c1.medium", 5.0, 0.165),
-                                             ("m1.large", 4.0, 0.320), ("c1.xlarge", 20.0, 0.660)))
-    return Inventory(private=(PrivateNode("xeon", 1, 10.0, 0.320),), types=types)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from scenarios import thesis_inventory  # noqa: E402  (the thesis catalogue, n machines a type, the xeon)
 
 
 def test_budget_counts_the_private_nodes_cost():
