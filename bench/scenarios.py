@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from broker.core.billing import Billing
 from broker.core.model import Inventory, MachineType, PrivateNode
 from broker.sim.engine import SimWorkload
@@ -185,3 +187,100 @@ def bats_min_budget_usd(scenario: str, workload: SimWorkload) -> float:
     usd, speed = max(clusters, key=lambda c: (c[1] / c[0], c[1]))
     total_ref_s = float(workload.runtimes_ref_s.sum())
     return math.ceil(total_ref_s / (speed * BATS_ATU_S)) * usd
+
+
+# -- the league (bench/league.py; issue 15) ----------------------------------------------------
+# Every scenario is built from plain values, so a run crosses process boundaries; bench/promises.py
+# reuses them. ``LeagueScenario.inventory()`` and ``.workload(seed)`` build it; ``tick_s`` is the
+# monitoring interval every policy gets.
+@dataclass(frozen=True, slots=True)
+class LeagueScenario:
+    """One league scenario.
+
+    kind:       "thesis" (the thesis catalogue, ``machines`` of each type, hourly, the xeon),
+                "persecond" (the same catalogue billed per second with a 60 s minimum and a
+                60 s boot), or "bats" (BaTS's two clusters, ``bats_scenario``)
+    workload:   LS, LM, LL (thesis), "bats", or "heavy" (lognormal, sigma 1, mean
+                ``heavy_mean_s``, capped at ``heavy_cap_s``, the bag's timeout)
+    error:      per-task estimates within +/- error (uniform); None: no per-task estimates and
+                no prior mean either (every policy learns the runtimes from the tasks it runs)
+    """
+
+    name: str
+    kind: str
+    workload_name: str
+    tasks: int
+    machines: int = 20
+    error: float | None = 0.1
+    bats_scenario: str | None = None
+    heavy_mean_s: float = 900.0
+    heavy_cap_s: float = 4 * 3600.0
+
+    @property
+    def tick_s(self) -> float:
+        return BATS_TICK_S if self.kind == "bats" else THESIS_TICK_S
+
+    def inventory(self) -> Inventory:
+        if self.kind == "bats":
+            return bats_inventory(self.bats_scenario, self.machines)
+        inv = thesis_inventory(self.machines)
+        if self.kind == "persecond":
+            types = tuple(MachineType(t.name, t.slots, t.speed, t.price_per_hour, t.limit, boot_s=60.0,
+                                      billing=Billing.per_second()) for t in inv.types)
+            return Inventory(private=inv.private, types=types)
+        return inv
+
+    def workload(self, seed: int) -> SimWorkload:
+        if self.workload_name == "bats":
+            return bats_workload(seed, tasks=self.tasks)
+        if self.workload_name == "heavy":
+            return heavy_tailed_workload(seed, tasks=self.tasks, mean_s=self.heavy_mean_s, cap_s=self.heavy_cap_s,
+                                         estimate_error=self.error)
+        spec = dict(BUILTIN[self.workload_name])
+        if self.error is not None:
+            spec["estimates"] = {"error": self.error}
+        else:
+            spec["prior"] = "none"
+        return build_workload(spec, seed, tasks=self.tasks, name=self.workload_name)
+
+
+def heavy_tailed_workload(seed: int, *, tasks: int, mean_s: float = 900.0, cap_s: float = 4 * 3600.0,
+                          estimate_error: float | None = None) -> SimWorkload:
+    """Lognormal runtimes, sigma 1, mean ``mean_s`` before the cap; every runtime capped at
+    ``cap_s`` (the bag's timeout: a task that reaches it ends there). Without estimates no prior
+    mean is given."""
+    spec = {"runtime": {"dist": "lognormal", "mean": f"{mean_s}s", "sigma": 1.0}, "prior": "none"}
+    if estimate_error is not None:
+        spec["estimates"] = {"error": estimate_error}
+        del spec["prior"]
+    w = build_workload(spec, seed, tasks=tasks, name="heavy")
+    runtimes = np.minimum(w.runtimes_ref_s, cap_s)
+    estimates = None if w.estimates_ref_s is None else np.minimum(w.estimates_ref_s, cap_s)
+    prior = None if estimates is None else float(estimates.mean())
+    prior_sd = None if estimates is None else float(estimates.std())
+    return SimWorkload(runtimes, estimates, prior, prior_sd, "heavy")
+
+
+def league_scenarios(quick: bool = False, thesis_tasks: int = 10_000) -> list[LeagueScenario]:
+    """The league's scenarios: thesis LS/LM/LL on 20 and 60 machines a type (estimates within
+    10%), BaTS's five, a per-second billed catalogue, LM with no estimates and with 30% error, a
+    heavy-tailed bag. ``quick``: LM20 (10% and no estimates), BaTS S1-4, per-second and heavy tail,
+    the thesis-catalogue ones at 2,000 tasks."""
+    n = thesis_tasks
+    thesis = [LeagueScenario(f"{w}{m}", "thesis", w, n, m) for m in (20, 60) for w in THESIS_WORKLOADS]
+    bats = [LeagueScenario(f"BaTS {s}", "bats", "bats", BATS_TASKS, BATS_MACHINES_PER_CLUSTER, None, s)
+            for s in BATS_SCENARIOS]
+    others = [
+        LeagueScenario("LM20 per-second", "persecond", "LM", n, 20),
+        LeagueScenario("LM20 no estimates", "thesis", "LM", n, 20, error=None),
+        LeagueScenario("LM20 30% error", "thesis", "LM", n, 20, error=0.3),
+        LeagueScenario("heavy tail", "thesis", "heavy", n, 20, error=None),
+    ]
+    if quick:
+        q = 2_000
+        return [LeagueScenario("LM20", "thesis", "LM", q, 20),
+                LeagueScenario("LM20 no estimates", "thesis", "LM", q, 20, error=None),
+                LeagueScenario("BaTS S1-4", "bats", "bats", BATS_TASKS, BATS_MACHINES_PER_CLUSTER, None, "S1-4"),
+                LeagueScenario("LM20 per-second", "persecond", "LM", q, 20),
+                LeagueScenario("heavy tail", "thesis", "heavy", q, 20, error=None)]
+    return thesis + bats + others

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from broker.core.billing import Billing
-from broker.core.control.actions import Assign, Launch, Replicate, ScheduleRelease, StopForBudget
+from broker.core.control.actions import Assign, Cancel, Launch, Replicate, ScheduleRelease, StopForBudget
 from broker.core.control.causes import GoalKind, LaunchCause, Policy, ReleaseCause, WorkCause
 from broker.core.control.controller import POLICIES, Controller, ControllerConfig
 from broker.core.control.snapshot import Goal
@@ -18,13 +18,14 @@ from broker.sim.engine import SimOptions, SimWorkload, Simulation
 
 # The strings journals and event logs already hold: renaming a member's value breaks them.
 STORED = {
-    Policy: {"broker", "list", "rr", "firstfit", "1vm4all", "bats"},
+    Policy: {"broker", "list", "rr", "firstfit", "1vm4all", "bats", "autoscale-idle", "adaptive", "batch", "static",
+             "panda"},
     GoalKind: {"deadline", "budget", "point", "theta", "none"},
-    WorkCause: {"sampling", "dispatch", "nothing_fits_anywhere", "tail_replication"},
+    WorkCause: {"sampling", "dispatch", "nothing_fits_anywhere", "tail_replication", "private_budget_spent"},
 }
 EMITTED_BY_CONTROLLER = {
     Launch: LaunchCause, ScheduleRelease: ReleaseCause, Assign: WorkCause, Replicate: WorkCause,
-    StopForBudget: ReleaseCause,
+    StopForBudget: ReleaseCause, Cancel: WorkCause,
 }
 
 
@@ -67,6 +68,7 @@ TYPES = (MachineType("small", 1, 1.0, 0.1, 4, 30.0, Billing.hourly()),
 @pytest.mark.parametrize("policy,goal", [
     ("broker", Goal("deadline", 3 * 3600.0)), ("broker", Goal("budget", 0.8)), ("broker", Goal()),
     ("list", Goal()), ("rr", Goal()), ("firstfit", Goal()), ("1vm4all", Goal()), ("bats", Goal("budget", 2.0)),
+    ("autoscale-idle", Goal()), ("adaptive", Goal()), ("batch", Goal()), ("static", Goal()), ("panda", Goal()),
 ])
 def test_every_cause_the_controller_emits_is_a_member_of_its_vocabulary(policy, goal):
     rng = np.random.default_rng(5)

@@ -31,7 +31,7 @@ def test_json_prints_exactly_one_object_with_the_documented_keys(inventory, caps
     out = capsys.readouterr().out
     assert rc == 0
     obj = json.loads(out)  # raises if there is anything but one JSON document
-    assert set(obj) == {"work", "front", "chosen", "solve_ms"}
+    assert set(obj) == {"work", "front", "cheapest", "chosen", "solve_ms"}
     assert set(obj["work"]) == {"tasks", "mean_ref_s", "total_ref_s", "planned_ref_s"}
     assert obj["work"] == {"tasks": 200, "mean_ref_s": 300.0, "total_ref_s": 60000.0, "planned_ref_s": 60000.0}
     assert obj["front"] and all(set(row) == {"makespan_s", "cost_usd", "fleet"} for row in obj["front"])

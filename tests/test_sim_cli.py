@@ -59,7 +59,8 @@ def test_the_same_seed_gives_the_same_object(inventory, capsys):
     assert a["cost_usd"] <= 1.5 + 1e-9
 
 
-@pytest.mark.parametrize("policy", ["broker", "list", "rr", "bats", "firstfit", "1vm4all"])
+@pytest.mark.parametrize("policy", ["broker", "list", "rr", "bats", "firstfit", "1vm4all", "autoscale-idle", "adaptive",
+                                    "batch", "static", "panda"])
 def test_every_policy_finishes_a_small_bag(inventory, capsys, policy):
     extra = ["--eta", "2"] if policy == "list" else []
     rc, obj, _ = simulate_json(capsys, "--inventory", inventory, "--workload", "short", "--tasks", "40",

@@ -13,7 +13,10 @@ cost but finishes sooner (the run keeps K's paid hours side by side: ``FleetPlan
 soonest_at_cost``) is shown in row K's place and said so; any other chosen plan gets a ``-``
 row in makespan order.
 
-Columns: ``#`` the point's number (``--point K``), ``makespan`` and ``cost`` of the run, one
+The numbered rows are the front's knee points (no plan on the front is 10% faster for at most
+0.5% more); when the cheapest plan is not one of them it is row ``c``, after the others.
+
+Columns: ``#`` the point's number (``--point K``, or ``c``), ``makespan`` and ``cost`` of the run, one
 column per instance type (instances of it in the plan, with its billing), ``private`` the share
 of the planned work your own nodes do, ``status`` the solver's (``optimal``; ``time_limit``: the
 best found within the solver's time limit; ``heuristic``: a greedy plan, no solver answer).
@@ -54,10 +57,16 @@ class FrontView:
     committed_usd: float = 0.0
     goal: Any | None = None  # broker.core.plan.Goal: draws the deadline or budget line
     notes: list[str] = field(default_factory=list)
+    # The cheapest plan when it is not a front row (the rows are the knee points: no plan is
+    # 10% faster for at most 0.5% more); shown as row ``c``, the plan a run with no goal runs.
+    cheapest: Any | None = None
 
     def rows(self) -> list[Row]:
         rows = [Row(str(k), p, self.offset_s + p.makespan_s, self.committed_usd + p.cost_usd)
                 for k, p in enumerate(self.front, 1)]
+        if self.cheapest is not None and not any(same_plan(r.plan, self.cheapest) for r in rows):
+            rows.append(Row("c", self.cheapest, self.offset_s + self.cheapest.makespan_s,
+                            self.committed_usd + self.cheapest.cost_usd))
         c = self.chosen
         if c is None:
             return rows
@@ -128,6 +137,13 @@ def render_table(view: FrontView) -> str:
     for row in rows:
         if row.chosen and row.note:
             lines.append(f"* {row.note}")
+    last = next((r for r in reversed(rows) if r.label.isdigit()), None)
+    cheap = next((r for r in rows if r.label == "c"), None)
+    if cheap is not None and last is not None:
+        lines.append(f"rows 1-{last.label}: the knee points (no plan is 10% faster for at most 0.5% more); "
+                     f"c: the cheapest plan, {100 * (1 - cheap.cost_usd / max(last.cost_usd, 1e-12)):.1f}% below "
+                     f"row {last.label} in {cheap.makespan_s / max(last.makespan_s, 1e-9):.1f}x its makespan "
+                     f"(no goal, or --theta 1, runs it)")
     lines.extend(view.notes)
     return "\n".join(lines)
 

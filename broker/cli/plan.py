@@ -43,8 +43,8 @@ from broker.core.plan import (
     Plan,
     Work,
     bats_configuration,
-    pareto_front,
     plan_for_goal,
+    plan_front,
 )
 
 # One-sided 95% normal quantile for the upper value of the total work.
@@ -186,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
     chosen: Plan | None = None
     reason: str | None = None
     front: list[Plan] = []
+    cheapest: Plan | None = None
     if args.policy == "bats":
         if goal is None or goal.kind != "budget":
             raise UsageError("the bats policy plans for a budget: give --budget USD")
@@ -197,9 +198,11 @@ def run(args: argparse.Namespace) -> int:
             reason = str(exc)
     else:
         try:
-            front = pareto_front(types, private, work)
+            whole = plan_front(types, private, work)
+            front = whole.points
+            cheapest = None if any(p is whole.cheapest for p in front) else whole.cheapest
             if goal is not None:
-                chosen = plan_for_goal(types, private, work, goal, front=front)
+                chosen = plan_for_goal(types, private, work, goal, front=whole)
                 if goal.kind in ("point", "theta"):
                     chosen = _as_run_chooses(types, private, work, chosen)
         except NoFeasiblePlan as exc:
@@ -217,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("plan.solved", policy=args.policy, goal=goal.describe() if goal else None,
                  front_points=len(front), solve_ms=round(solve_ms, 1), reason=reason)
 
-    view = FrontView(work, types, front, chosen, goal=goal)
+    view = FrontView(work, types, front, chosen, goal=goal, cheapest=cheapest)
     if args.plot:
         plot_front(view, args.plot)
     if args.json:
@@ -225,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
             "work": {"tasks": work.tasks, "mean_ref_s": work.mean_ref_s,
                      "total_ref_s": work.tasks * work.mean_ref_s, "planned_ref_s": work.total_ref_s},
             "front": [p.row() for p in front],
+            "cheapest": cheapest.row() if cheapest else (front[-1].row() if front else None),
             "chosen": chosen.row() if chosen else None,
             "solve_ms": round(solve_ms, 3),
         }

@@ -21,8 +21,17 @@ def register(sub) -> None:
     src.add_argument("--workload", help="workload YAML file or built-in name")
     src.add_argument("--runtimes", help="CSV with a runtime_s column (reference seconds), optional estimate_s")
     p.add_argument("--tasks", type=int, help="override the workload's number of tasks")
-    p.add_argument("--policy", default="broker", choices=["broker", "list", "rr", "bats", "firstfit", "1vm4all"])
+    p.add_argument("--policy", default="broker",
+                   choices=["broker", "list", "rr", "bats", "firstfit", "1vm4all", "autoscale-idle", "adaptive", "batch",
+                            "static", "panda"],
+                   help="broker, or a baseline: List_eta, round robin, BaTS, FirstFit, 1VM4All, the Ray/Parsl "
+                   "autoscaler (autoscale-idle), Dask Adaptive, AWS Batch, condor_annex (static), the thesis's PANDA")
     p.add_argument("--eta", type=int, help="List_eta: the number of most cost-efficient machines used")
+    p.add_argument("--list-order", choices=["longest", "random"], default="longest",
+                   help="List_eta: tasks longest first (default) or at random")
+    p.add_argument("--idle-timeout", default="5m",
+                   help="autoscale-idle: terminate an instance idle this long (Ray 5m, the default; Parsl 120s)")
+    p.add_argument("--lease", default="50m", help="static: condor_annex's lease, renewed while work is left (50m)")
     p.add_argument("--tick", default="60s", help="monitoring interval (default 60s)")
     p.add_argument("--speed-noise", type=float, default=0.0, help="actual speed = declared x U(1-x, 1+x)")
     p.add_argument("--failure-rate", type=float, default=0.0, help="probability an attempt fails part-way")
@@ -58,7 +67,13 @@ def run(args) -> int:
         tick_s = parse_duration(args.tick)
     except ValueError as exc:
         raise UsageError(f"--tick: {exc}") from None
-    config = ControllerConfig(policy=args.policy, eta=args.eta, tick_s=tick_s)
+    from broker.core.control.peers import PeerOptions
+
+    try:
+        peer = PeerOptions(idle_timeout_s=parse_duration(args.idle_timeout), lease_s=parse_duration(args.lease))
+    except ValueError as exc:
+        raise UsageError(f"--idle-timeout/--lease: {exc}") from None
+    config = ControllerConfig(policy=args.policy, eta=args.eta, tick_s=tick_s, peer=peer, list_order=args.list_order)
     options = SimOptions(seed=args.seed, speed_noise=args.speed_noise, failure_rate=args.failure_rate)
     progress = ProgressView()
     try:

@@ -248,6 +248,8 @@ class Simulation:
             elif isinstance(a, StopForBudget):
                 self.result.budget_stopped = True
                 self.ledger.on_budget_stop()
+            elif isinstance(a, Cancel):
+                self._carry_out(self.ledger.cancel_attempt(a.task_id, a.attempt, a.cause, self.now))
 
     def _timer(self, release: ScheduleRelease | None) -> None:
         if release is not None:
@@ -465,7 +467,7 @@ class Simulation:
             if tick:
                 if on_progress is not None:
                     on_progress(SimProgress(self.now, self.result.tasks_done, n, committed))
-                if ledger.on_tick(self.now, self.memory.budget_stopped):
+                if ledger.on_tick(self.now, self.memory.budget_stopped, self.memory.private_stopped):
                     break  # nothing can make progress (budget exhausted, no private nodes)
                 self._push(self.now + self.config.tick_s, TICK, None)
         self._finish()

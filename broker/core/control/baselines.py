@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 from ..model import MachineType
 from .actions import Launch, ScheduleRelease
-from .budget import affordable, affordable_extension, budget_of, planned_spend, short_life_s
+from .budget import affordable, affordable_extension, budget_of, private_rate_usd_per_s, short_life_s, total_spend
 from .causes import LaunchCause, Policy, ReleaseCause
 from .estimates import RemainingWork
+from .peer_policies import PEER_POLICIES
 from .scratch import Scratch
 from .snapshot import Memory, Snapshot
 
@@ -112,7 +113,8 @@ class Bats(BaselinePolicy):
 
     def fleet(self, ctl, snap, memory, now, rem, s, first):
         budget = budget_of(ctl, snap)
-        cfg = ctl.planner.bats(tuple(snap.types.values()), rem, budget, planned_spend(snap, s.release, now))
+        cfg = ctl.planner.bats(tuple(snap.types.values()), rem, budget, total_spend(ctl, snap, s.release, now),
+                               private_rate_usd_per_s(ctl))
         if cfg is None:
             return memory
         self._launch_configuration(ctl, snap, now, s, cfg)
@@ -150,7 +152,8 @@ class Bats(BaselinePolicy):
                     s.release[n.id] = nxt
 
 
-BASELINES: dict[Policy, BaselinePolicy] = {p.name: p for p in (ListEta(), RoundRobin(), FirstFit(), OneVmForAll(), Bats())}
+BASELINES: dict[Policy, BaselinePolicy] = {
+    p.name: p for p in (ListEta(), RoundRobin(), FirstFit(), OneVmForAll(), Bats(), *PEER_POLICIES)}
 
 
 def baseline_fleet(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork,
@@ -162,8 +165,9 @@ def baseline_fleet(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
         memory = replace(memory, last_plan_at_s=now)
     memory = BASELINES[ctl.config.policy].fleet(ctl, snap, memory, now, rem, s, first)
     # Baselines keep machines while work is pending and let idle ones go at the end of
-    # their paid time once nothing is pending (they hold no plan to release earlier).
-    if len(snap.pending) == 0:
+    # their paid time once nothing is pending (they hold no plan to release earlier); the
+    # peers release idle instances by their own clocks.
+    if len(snap.pending) == 0 and getattr(BASELINES[ctl.config.policy], "releases_idle", True):
         for n in live:
             if not n.running and (s.release_of(n) is None or s.release_of(n) > now):
                 s.actions.append(ScheduleRelease(n.id, now, ReleaseCause.IDLE_NOTHING_PENDING))

@@ -1,9 +1,17 @@
 """The budget pass: planned spend, what is affordable, and the guard that keeps the plan within it.
 
-Budget invariant: every instance always has a scheduled release, and the planned spend (each
-live instance charged up to its scheduled release, plus what terminated ones cost) never
-exceeds the budget; a launch or a lengthening that would break it is cut or refused, and
-``budget_guard`` pulls releases in (latest first) until the planned spend fits again.
+A budget is the user's whole bill: cloud spend and the private nodes' cost, which runs at
+``cost_per_hour`` over the makespan (the report, ``status`` and the metrics count it so). The
+cap left it out once, and ``--budget 201.8`` on thesis LM (20,000 tasks) spent $205.35.
+
+Budget invariant: every instance always has a scheduled release, and the total planned spend
+(``total_spend``: each live instance charged up to its scheduled release, what terminated ones
+cost, and the private nodes' cost up to the run's planned end, the latest of those releases and
+the expected end of the private nodes' running tasks) never exceeds the budget; a launch or a
+lengthening that would break it is cut or refused, ``budget_guard`` pulls releases in (latest
+first) until it fits again, and ``private_until_s`` is the moment the budget stops paying for
+private time: no private task starts that would end after it, and one still running when it
+comes is cancelled (``stop_private_work``).
 
 ``ctl`` is the deciding :class:`~broker.core.control.controller.Controller` (its goal and
 configuration); ``s`` the decision's :class:`~broker.core.control.scratch.Scratch`.
@@ -15,8 +23,8 @@ import math
 from typing import TYPE_CHECKING
 
 from ..model import MachineType
-from .actions import ScheduleRelease
-from .causes import GoalKind, ReleaseCause
+from .actions import Cancel, ScheduleRelease
+from .causes import GoalKind, ReleaseCause, WorkCause
 from .scratch import Scratch
 from .snapshot import Memory, NodeView, Snapshot
 
@@ -40,11 +48,67 @@ def planned_spend(snap: Snapshot, release: dict[str, float], now: float) -> floa
     return total
 
 
+def private_rate_usd_per_s(ctl: Controller) -> float:
+    """What the private nodes cost per second of the run (always on: every node, idle or not)."""
+    return sum(p.cost_per_hour for p in ctl.private) / 3600.0
+
+
+def run_end_s(snap: Snapshot, release: dict[str, float], now: float, also: float = -math.inf) -> float:
+    """The latest the run is planned to work: the last scheduled release of a live instance and
+    the expected end of the private nodes' running tasks (``also``: one more moment, a launch's)."""
+    end = max(now, also)
+    mean = snap.observations.mean_ref_s or snap.prior_mean_ref_s or 0.0
+    for n in snap.nodes:
+        if n.is_private:
+            for r in n.running:
+                size = r.estimate_ref_s if r.estimate_ref_s is not None else mean
+                end = max(end, r.started_at_s + size / n.speed)
+            continue
+        rel = release.get(n.id, n.release_at_s)
+        if rel is not None and not n.lost:
+            end = max(end, rel)
+    return end
+
+
+def total_spend(ctl: Controller, snap: Snapshot, release: dict[str, float], now: float,
+                also: float = -math.inf) -> float:
+    """Planned cloud spend plus the private nodes' cost up to the run's planned end."""
+    cloud = planned_spend(snap, release, now)
+    rate = private_rate_usd_per_s(ctl)
+    if rate <= 0:
+        return cloud
+    return cloud + rate * max(0.0, run_end_s(snap, release, now, also) - snap.started_at_s)
+
+
+def private_until_s(ctl: Controller, snap: Snapshot, s: Scratch, now: float) -> float:
+    """The moment the budget stops paying for private time, the cloud's planned spend paid."""
+    budget = budget_of(ctl, snap)
+    rate = private_rate_usd_per_s(ctl)
+    if budget is None or rate <= 0:
+        return math.inf
+    return snap.started_at_s + (budget - planned_spend(snap, s.release, now) - s.launched_usd) / rate
+
+
+def stop_private_work(ctl: Controller, snap: Snapshot, now: float, s: Scratch) -> bool:
+    """Cancel the private nodes' running tasks when the budget cannot pay for another tick of
+    private time; True when private time is spent (nothing more starts there)."""
+    if budget_of(ctl, snap) is None or not ctl.private:
+        return False
+    until = private_until_s(ctl, snap, s, now)
+    if now + ctl.config.tick_s <= until:
+        return False
+    for n in snap.nodes:
+        if n.is_private:
+            for r in n.running:
+                s.actions.append(Cancel(r.task_id, r.attempt, WorkCause.PRIVATE_BUDGET_SPENT))
+    return True
+
+
 def budget_left(ctl: Controller, snap: Snapshot, s: Scratch, now: float) -> float:
     budget = budget_of(ctl, snap)
     if budget is None:
         return math.inf
-    return budget - planned_spend(snap, s.release, now) - s.launched_usd
+    return budget - total_spend(ctl, snap, s.release, now) - s.launched_usd
 
 
 def cheapest_unit(snap: Snapshot) -> float:
@@ -70,7 +134,8 @@ def affordable(ctl: Controller, snap: Snapshot, s: Scratch, t: MachineType, coun
     if budget is None:
         return True
     cost = count * t.billing.cost_usd(life_s, t.price_per_hour)
-    return planned_spend(snap, s.release, snap.now_s) + s.launched_usd + cost <= budget + 1e-9
+    spend = total_spend(ctl, snap, s.release, snap.now_s, also=snap.now_s + life_s)
+    return spend + s.launched_usd + cost <= budget + 1e-9
 
 
 def affordable_extension(ctl: Controller, snap: Snapshot, s: Scratch, node: NodeView, t: MachineType, target: float,
@@ -80,7 +145,7 @@ def affordable_extension(ctl: Controller, snap: Snapshot, s: Scratch, node: Node
         return True
     trial = dict(s.release)
     trial[node.id] = target
-    return planned_spend(snap, trial, now) + s.launched_usd <= budget + 1e-9
+    return total_spend(ctl, snap, trial, now) + s.launched_usd <= budget + 1e-9
 
 
 def budget_guard(ctl: Controller, snap: Snapshot, memory: Memory, now: float, s: Scratch) -> None:
@@ -88,7 +153,7 @@ def budget_guard(ctl: Controller, snap: Snapshot, memory: Memory, now: float, s:
     budget = budget_of(ctl, snap)
     if budget is None:
         return
-    over = planned_spend(snap, s.release, now) + s.launched_usd - budget
+    over = total_spend(ctl, snap, s.release, now) + s.launched_usd - budget
     if over <= 1e-9:
         return
     live = sorted(
@@ -101,7 +166,7 @@ def budget_guard(ctl: Controller, snap: Snapshot, memory: Memory, now: float, s:
         t = snap.types[n.type_name]
         earliest = max(now, t.billing.paid_until(n.launched_at_s, now) - ctl.config.margin_s)
         if earliest < s.release_of(n) - 1e-9:
-            before = planned_spend(snap, s.release, now)
+            before = total_spend(ctl, snap, s.release, now)
             s.release[n.id] = earliest
             s.actions.append(ScheduleRelease(n.id, earliest, ReleaseCause.BUDGET_CAP))
-            over -= before - planned_spend(snap, s.release, now)
+            over -= before - total_spend(ctl, snap, s.release, now)

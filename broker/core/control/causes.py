@@ -21,6 +21,12 @@ class Policy(StrEnum):
     FIRSTFIT = "firstfit"  # one more instance whenever a task fits nowhere
     ONE_VM_FOR_ALL = "1vm4all"  # one instance of the most cost-efficient type
     BATS = "bats"  # the BaTS budget-constrained configuration, renewed per unit
+    # peers' autoscalers (peers.py) and the thesis's own scheduler (panda.py)
+    AUTOSCALE_IDLE = "autoscale-idle"  # Ray autoscaler / Parsl simple: pending demand, idle timeout
+    ADAPTIVE = "adaptive"  # Dask Adaptive: work / target duration, scale down after wait_count
+    BATCH = "batch"  # AWS Batch managed compute environment, BEST_FIT_PROGRESSIVE
+    STATIC = "static"  # condor_annex: a fixed fleet on a renewed lease
+    PANDA = "panda"  # thesis Ch. 6: estimator tools, workload targets, FFD with targets
 
 
 class GoalKind(StrEnum):
@@ -49,6 +55,11 @@ class LaunchCause(StrEnum):
     ONE_VM_FOR_ALL = "one_vm_for_all"
     BATS_CONFIGURATION = "bats_configuration"
     FIRSTFIT_NO_FIT = "firstfit_no_fit"
+    PENDING_DEMAND = "pending_demand"  # autoscale-idle
+    ADAPTIVE_TARGET = "adaptive_target"
+    RUNNABLE_VCPUS = "runnable_vcpus"  # batch
+    ANNEX_LEASE = "annex_lease"  # static
+    PANDA_TARGETS = "panda_targets"
     ADOPTED_ON_RESUME = "adopted_on_resume"  # a shell's: an instance found running on resume
 
 
@@ -65,6 +76,12 @@ class ReleaseCause(StrEnum):
     SAMPLING_IN_PROGRESS = "sampling_in_progress"
     IDLE_NOTHING_PENDING = "idle_nothing_pending"
     BATS_RENEW_ATU = "bats_renew_atu"
+    IDLE_TIMEOUT = "idle_timeout"  # autoscale-idle
+    ADAPTIVE_SCALE_DOWN = "adaptive_scale_down"
+    NO_RUNNABLE_JOBS = "no_runnable_jobs"  # batch
+    ANNEX_IDLE = "annex_idle"  # static
+    ANNEX_LEASE_RENEWED = "annex_lease_renewed"
+    PANDA_NO_WORK_ASSIGNED = "panda_no_work_assigned"
     # the run ledger's (ledger/): not the controller's decisions, the lifecycle's
     PLANNED = "planned"
     PLANNED_LIFE = "planned_life"  # launch + max(release_after_s, boot)
@@ -86,3 +103,4 @@ class WorkCause(StrEnum):
     DISPATCH = "dispatch"
     NOTHING_FITS_ANYWHERE = "nothing_fits_anywhere"
     TAIL_REPLICATION = "tail_replication"
+    PRIVATE_BUDGET_SPENT = "private_budget_spent"  # Cancel: the budget pays no more private time

@@ -30,16 +30,18 @@ private nodes), the snapshot, the memory and the decision's scratch state.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .actions import Action, ScheduleRelease
 from .baselines import BASELINES, baseline_fleet
+from .budget import stop_private_work
 from .baselines import list_eta_machines as _list_eta_machines  # noqa: F401 (bench/reproduce.py)
 from .baselines import most_efficient as _most_efficient  # noqa: F401
 from .causes import Policy, ReleaseCause
 from .dispatch import dispatch, keep_running_work
 from .estimates import RemainingWork, mean_estimate, remaining_work
 from .fleet import plan_and_fleet
+from .peers import PeerOptions
 from .planning import FleetPlanner
 from .sampling import sample, samples_needed, sd_estimate
 from .scratch import Scratch
@@ -72,11 +74,19 @@ class ControllerConfig:
     fit_safety: float = 1.0  # a task with an estimate fits when estimate x this <= time to release x speed
     warm_start: bool = True  # budget re-plans start their search where the last plan ended
     fit_z: float = 1.28  # a task without one fits when mean + fit_z sd does (about its 90% quantile)
+    # The broker's rule the league (bench/league.py) measures; replan.solve_hedging_later says
+    # what it buys: at a deadline, buy for the work's point value with the lean allowance while
+    # the upper value can still be covered by capacity bought at the next re-plan.
+    hedge_later: bool = True
+    peer: PeerOptions = PeerOptions()  # the peers' published defaults (peers.py)
+    list_order: str = "longest"  # List_eta takes tasks longest first, or at "random" (thesis 6.5.2)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         object.__setattr__(self, "policy", Policy(self.policy))  # a plain string comes in too
+        if self.list_order not in ("longest", "random"):
+            raise ValueError(f"list_order must be longest or random, got {self.list_order!r}")
         if self.list_fleet is not None and any(count < 0 for _, count in self.list_fleet):
             raise ValueError(f"list_fleet counts must be >= 0, got {self.list_fleet!r}")
 
@@ -103,6 +113,8 @@ class Controller:
         s = Scratch()
         if self._finish_or_stop(snap, now, s):
             return Decision(tuple(s.actions), memory, None, tuple(s.notes))
+        if not memory.private_stopped and stop_private_work(self, snap, now, s):
+            memory = replace(memory, private_stopped=True)
         mean = mean_estimate(snap)
         if mean is not None:
             mean = (mean, mean + self.config.fit_z * sd_estimate(snap, mean))
@@ -110,8 +122,10 @@ class Controller:
             # Sampling phase: no plan is made on a handful of runtimes.
             memory = sample(self, snap, memory, now, rng, s)
             return Decision(tuple(s.actions), memory, None, tuple(s.notes))
-        # Remaining work is only needed to re-plan; dispatch needs the mean alone.
-        rem = remaining_work(snap, self.config.confidence_z) if tick else None
+        # Remaining work is only needed to re-plan; dispatch needs the mean alone (a peer's
+        # rule runs on every decision: its own clock is finer than the monitoring tick).
+        every = self.config.policy != Policy.BROKER and getattr(BASELINES[self.config.policy], "every_decision", False)
+        rem = remaining_work(snap, self.config.confidence_z) if tick or every else None
         if rem is not None:
             if self.config.policy == Policy.BROKER:
                 memory = plan_and_fleet(self, snap, memory, now, rem, s)

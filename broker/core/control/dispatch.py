@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from .actions import Assign, Replicate, ScheduleRelease, SlotRef
 from .baselines import BASELINES
-from .budget import affordable_extension, budget_of
+from .budget import affordable_extension, budget_of, private_until_s
 from .causes import Policy, ReleaseCause, WorkCause
 from .scratch import Scratch
 from .snapshot import Memory, NodeView, Snapshot
@@ -68,17 +68,24 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
     fit_rule = ctl.config.policy == Policy.BROKER or BASELINES[ctl.config.policy].fit_rule
     ready = sorted((n for n in snap.nodes_with_free_slots() if n.ready(now)), key=lambda n: (-n.speed, n.id))
     idle_slots: list[tuple[NodeView, int, float]] = []
+    # Under a budget, private time is paid up to ``private_until_s``: a private slot takes only
+    # a task that ends before it (as an instance's before its release), none once it is spent.
+    private_until = now if memory.private_stopped else (
+        private_until_s(ctl, snap, s, now) if any(n.is_private for n in ready) else math.inf)
     for node in ready:
         if len(node.running) >= node.slots:
             continue
-        release = s.release_of(node) if not node.is_private else None
+        release = s.release_of(node) if not node.is_private else (
+            None if math.isinf(private_until) else private_until)
         for slot in node.free_slots():
             if (node.id, slot) in s.used_slots or (release is not None and release <= now):
                 continue
             limit_ref = math.inf
-            if fit_rule and release is not None:
+            if (fit_rule or node.is_private) and release is not None:
                 limit_ref = (release - now) * node.speed / ctl.config.fit_safety
-            pick = snap.pending.largest_fitting(limit_ref, fit_size if fit_rule else mean, s.taken)
+            pick = _baseline_pick(ctl, snap, memory, node, rng, s)
+            if pick is None:
+                pick = snap.pending.largest_fitting(limit_ref, fit_size if fit_rule else mean, s.taken)
             if pick is None and not fit_rule:
                 pick = snap.pending.smallest(mean, s.taken)
             if pick is None:
@@ -100,6 +107,23 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
             idle_slots = [x for x in idle_slots if (x[0].id, x[1]) != (node.id, slot)]
     if ctl.config.replicate and ctl.config.policy == Policy.BROKER and len(snap.pending) - len(s.taken) <= 0 and idle_slots:
         replicate(snap, now, mean, idle_slots, s)
+
+
+def _baseline_pick(ctl: Controller, snap: Snapshot, memory: Memory, node: NodeView, rng, s: Scratch):
+    """A baseline's own choice of task for a free slot of ``node`` (None: the shared rule).
+    PANDA runs the largest task assigned to the machine; List_eta with ``list_order`` random
+    takes any pending task (the thesis's Random priority)."""
+    policy = ctl.config.policy
+    if policy == Policy.BROKER:
+        return None
+    if policy == Policy.LIST and ctl.config.list_order == "random" and rng is not None:
+        tid = snap.pending.draw(rng, s.taken)
+        return None if tid is None else (tid, snap.pending.estimate(tid))
+    hook = getattr(BASELINES[policy], "pick", None)
+    if hook is None:
+        return None
+    tid = hook(ctl, snap, memory, node, s)
+    return None if tid is None else (tid, snap.pending.estimate(tid))
 
 
 def replicate(snap: Snapshot, now: float, mean: float, idle_slots, s: Scratch) -> None:

@@ -43,7 +43,18 @@ class FleetPlanner:
             self._options = PlanOptions()
         return self._options
 
-    def input(self, types, private, nodes, rem, now_s: float, unit_started: bool = False) -> PlannerInput:
+    def lean(self) -> "FleetPlanner":
+        """The same planner without the gap factor phi in the packing allowance (half a task
+        per slot is kept): for launches that a later re-plan can still correct (``replan``'s
+        rules say when)."""
+        if getattr(self, "_lean", None) is None:
+            from dataclasses import replace
+
+            self._lean = FleetPlanner(replace(self.options, phi_s=0.0))
+        return self._lean
+
+    def input(self, types, private, nodes, rem, now_s: float, unit_started: bool = False,
+              tail_ref_s: float | None = None) -> PlannerInput:
         """``unit_started``: an instance kept past ``now`` counts as paid to the end of the
         billing unit that starts at ``now`` when ``now`` is exactly a boundary. Otherwise, at
         that instant, keeping it costs the same as a new instance and the solver picks
@@ -73,7 +84,16 @@ class FleetPlanner:
                 )
             )
         tasks = max(rem.pending + rem.running, 1)
-        work = Work(total_ref_s=max(rem.upper_ref_s, 1e-6), tasks=tasks, mean_ref_s=rem.mean_ref_s, sd_ref_s=rem.sd_ref_s)
+        # The packing allowance is half a task of the work that is left. The mean of the
+        # finished tasks is not that when the bag has estimates: dispatch runs the largest
+        # first, so the first to finish are the longest (thesis LM: 11x the bag's mean after an
+        # hour), and every machine's allowance grew with it (a deadline plan on thesis LM20
+        # found 60 reference-hours missing and bought five m1.large for two hours).
+        left = rem.pending + rem.running
+        mean_ref_s = rem.point_ref_s / left if left > 0 and rem.point_ref_s > 0 else rem.mean_ref_s
+        if tail_ref_s is not None:  # the size of the tasks that run last (replan.tail_size_ref_s)
+            mean_ref_s = tail_ref_s
+        work = Work(total_ref_s=max(rem.upper_ref_s, 1e-6), tasks=tasks, mean_ref_s=mean_ref_s, sd_ref_s=rem.sd_ref_s)
         return PlannerInput(tuple(types), tuple(private), tuple(existing), work, now_s)
 
     def cheapest_by(self, pin: PlannerInput, deadline_s: float) -> PlanResult:
@@ -136,23 +156,23 @@ class FleetPlanner:
         return PlanResult(best, LaunchCause.BUDGET_SHORT, f"{first_error}; buying about {lo:.0%} of the remaining work")
 
     def front_choice(self, pin: PlannerInput, goal):
-        from ..plan import NoFeasiblePlan, choose_point, choose_theta, pareto_front
+        from ..plan import NoFeasiblePlan, choose_point, choose_theta, plan_front
 
         try:
-            front = pareto_front(pin.types, pin.private, pin.work, existing=pin.existing, now_s=pin.now_s,
-                                 options=self.options)
+            front = plan_front(pin.types, pin.private, pin.work, existing=pin.existing, now_s=pin.now_s,
+                               options=self.options)
         except NoFeasiblePlan:
             return None
-        if not front:
+        if not front.points:
             return None
         if goal.kind == GoalKind.POINT:
             # The run-time front may have fewer points than the one ``broker plan`` printed:
             # take the nearest point that exists rather than fail.
-            chosen = choose_point(front, min(max(int(goal.value), 1), len(front)))
+            chosen = choose_point(front.points, min(max(int(goal.value), 1), len(front.points)))
         elif goal.kind == GoalKind.THETA:
-            chosen = choose_theta(front, float(goal.value))
+            chosen = choose_theta(front.with_cheapest(), float(goal.value))
         else:
-            chosen = choose_theta(front, 1.0)  # no goal: the cheapest point
+            chosen = front.cheapest  # no goal: the cheapest plan
         return self.soonest_at_cost(pin, chosen)
 
     def soonest_at_cost(self, pin: PlannerInput, chosen):
@@ -173,13 +193,26 @@ class FleetPlanner:
             return chosen
         return sooner if sooner.makespan_s < chosen.makespan_s else chosen
 
-    def bats(self, types, rem, budget_usd, spent_usd) -> dict[str, int] | None:
+    def bats(self, types, rem, budget_usd, spent_usd, private_usd_per_s: float = 0.0) -> dict[str, int] | None:
         from ..plan import NoFeasiblePlan, bats_configuration
 
-        mean_per_type = {t.name: rem.mean_ref_s / t.speed for t in types}
+        # BaTS sizes the fleet for N tasks left at their mean runtime. That mean is the remaining
+        # work's (the bag's estimates, corrected by what finished), not the finished tasks'
+        # mean: dispatch runs the largest tasks first, so the first to finish are the longest
+        # (thesis LM: 11,700 ref-s after an hour against 1,009), and a budget that buys the bag
+        # twice over then bought nothing after the first hour (10,000 tasks: nothing launched
+        # from t = 0 until 187.8 h, the private node doing the work alone).
+        tasks = rem.pending + rem.running
+        mean_ref_s = rem.point_ref_s / tasks if tasks > 0 and rem.point_ref_s > 0 else rem.mean_ref_s
+        mean_per_type = {t.name: mean_ref_s / t.speed for t in types}
         budget = math.inf if budget_usd is None else budget_usd - spent_usd
         try:
-            plan = bats_configuration(types, rem.pending + rem.running, mean_per_type, budget)
+            plan = bats_configuration(types, tasks, mean_per_type, budget)
+            # A budget is the whole bill: the private nodes cost ``private_usd_per_s`` over the
+            # configuration's makespan too (BaTS has no private nodes; twice round is enough).
+            for _ in range(2 if private_usd_per_s > 0 and math.isfinite(budget) else 0):
+                plan = bats_configuration(types, tasks, mean_per_type, budget - private_usd_per_s * plan.makespan_s)
         except NoFeasiblePlan:
             return None
         return dict(plan.fleet)
+

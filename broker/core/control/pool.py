@@ -93,6 +93,17 @@ class TaskPool:
     def known_total_ref_s(self) -> float:
         return self._known_total
 
+    def task_ids(self):
+        """Every pending task id (read-only): those with estimates by estimate ascending, then
+        the others in the order they would be taken."""
+        for _, tid in self._known:
+            yield tid
+        yield from reversed(self._unknown)
+
+    def smallest_estimates_ref_s(self, k: int) -> list[float]:
+        """The ``k`` smallest estimates of pending tasks (fewer when fewer have one)."""
+        return [e for e, _ in self._known[:max(k, 0)]]
+
     def estimate(self, task_id: str) -> float | None:
         return self._known_est.get(task_id)
 

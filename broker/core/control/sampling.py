@@ -34,7 +34,7 @@ def samples_needed(ctl: Controller, snap: Snapshot) -> int:
 
 def sample(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rng, s: Scratch) -> Memory:
     """Random draws on every free ready slot until enough runtimes are observed."""
-    ready = [n for n in snap.nodes_with_free_slots() if n.ready(now)]
+    ready = [n for n in snap.nodes_with_free_slots() if n.ready(now) and not (n.is_private and memory.private_stopped)]
     if not ctl.private and not snap.nodes:
         cheapest = most_efficient(snap.types.values())
         if cheapest is not None and cheapest.limit > 0:

@@ -167,3 +167,5 @@ class Memory:
     budget_stopped: bool = False
     plan_failures: int = 0
     last_note: str | None = None
+    private_stopped: bool = False  # the budget pays no more private time (budget.stop_private_work)
+    peer_state: object | None = None  # a baseline's own state (peer_policies: idle clocks, PANDA's lists)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..model import ExistingInstance, MachineType, PrivateNode
-from .front import choose_point, choose_theta, pareto_front
+from .front import Front, choose_point, choose_theta, plan_front
 from .mincost import min_cost
 from .search import min_makespan
 from .types import Plan, PlanOptions, Work
@@ -58,9 +58,10 @@ def plan_for_goal(
     existing: Sequence[ExistingInstance] = (),
     now_s: float = 0.0,
     options: PlanOptions = PlanOptions(),
-    front: Sequence[Plan] | None = None,
+    front: Front | None = None,
 ) -> Plan:
-    """The plan meeting ``goal``; ``front`` (when the caller has one) serves point and theta goals.
+    """The plan meeting ``goal``; ``front`` (when the caller has one) serves point and theta goals:
+    a point is a printed row (a knee point), theta chooses among those and the cheapest plan.
 
     Raises NoFeasiblePlan when a deadline or budget cannot be met, ValueError for a point
     that is not on the front.
@@ -70,7 +71,7 @@ def plan_for_goal(
     if goal.kind == "budget":
         return min_makespan(types, private, work, goal.value, existing=existing, now_s=now_s, options=options)
     if front is None:
-        front = pareto_front(types, private, work, existing=existing, now_s=now_s, options=options)
+        front = plan_front(types, private, work, existing=existing, now_s=now_s, options=options)
     if goal.kind == "point":
-        return choose_point(front, int(goal.value))
-    return choose_theta(front, goal.value)
+        return choose_point(front.points, int(goal.value))
+    return choose_theta(front.with_cheapest(), goal.value)

@@ -38,7 +38,7 @@ from typing import Any, Callable
 import numpy as np
 import structlog
 
-from broker.core.control.actions import Assign, Launch, Replicate, ScheduleRelease, StopForBudget
+from broker.core.control.actions import Assign, Cancel, Launch, Replicate, ScheduleRelease, StopForBudget
 from broker.core.control.controller import Controller, ControllerConfig, Decision
 from broker.core.control.failures import FailurePolicy
 from broker.core.control.ledger import Ledger, launch_cost_usd
@@ -251,7 +251,8 @@ class Daemon(AttemptsMixin, NodesMixin):
             changed |= self._reconcile_fleet()
         if tick or changed:
             self._decide(tick)
-        if tick and self.ledger.on_tick(self.clock.now_s(), self.memory.budget_stopped):
+        if tick and self.ledger.on_tick(self.clock.now_s(), self.memory.budget_stopped,
+                                        self.memory.private_stopped):
             self.stop_reason = "budget_stop" if self.budget_stopped else "no_capacity"
             self.stopping = True
 
@@ -331,6 +332,8 @@ class Daemon(AttemptsMixin, NodesMixin):
                 self._launch(a)
             elif isinstance(a, ScheduleRelease):
                 self._release_timer(self.ledger.schedule_release(a.instance_id, a.at_s, a.cause, self.clock.now_s()))
+            elif isinstance(a, Cancel):
+                self._carry_out(self.ledger.cancel_attempt(a.task_id, a.attempt, a.cause, self.clock.now_s()))
             elif isinstance(a, StopForBudget):
                 self.budget_stopped = True
                 self.ledger.on_budget_stop()

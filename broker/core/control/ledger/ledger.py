@@ -334,6 +334,16 @@ class Ledger(SnapshotMixin):
         out: list[Followup] = [Cancel(a.task_id, a.attempt, cause, a.node) for a in stopped]
         return out + [r for r in (self._requeue(a.task_id, False, cause) for a in stopped) if r is not None]
 
+    def cancel_attempt(self, task_id: str, attempt: int, cause: str, now: float) -> list[Followup]:
+        """The controller's Cancel: stop one running attempt (not a failure); its task goes back
+        to the pool unless another copy still runs. Nothing when the attempt already ended."""
+        a = next((c for c in self._copies.get(task_id, {}).values() if c.attempt == attempt), None)
+        if a is None:
+            return []
+        self._stop(a, now)
+        requeued = self._requeue(task_id, False, cause)
+        return [Cancel(task_id, attempt, cause, a.node)] + ([requeued] if requeued is not None else [])
+
     # -- nodes -------------------------------------------------------------------------------
     def add_private(self, node: PrivateNode) -> NodeRecord:
         """A private node joins (not ready until :meth:`on_node_ready`)."""
@@ -499,11 +509,13 @@ class Ledger(SnapshotMixin):
         return list(self._live.values())
 
     # -- the stall watch ---------------------------------------------------------------------
-    def on_tick(self, now: float, budget_stopped: bool = False) -> bool:
+    def on_tick(self, now: float, budget_stopped: bool = False, private_stopped: bool = False) -> bool:
         """A monitoring tick: True when the run should give up (nothing runs, no node is left
-        to run on, and :func:`~broker.core.control.failures.may_give_up` says so)."""
+        to run on, and :func:`~broker.core.control.failures.may_give_up` says so). A private
+        node the budget no longer pays for (``private_stopped``) is no node to run on."""
         alive = self._running > 0 or any(
-            not n.lost and (n.type is None or n.release_at_s is None or n.release_at_s > now)
+            not n.lost and ((n.type is None and not private_stopped)
+                            or (n.type is not None and (n.release_at_s is None or n.release_at_s > now)))
             for n in self._live.values())
         self.idle_ticks = 0 if alive else self.idle_ticks + 1
         return may_give_up(self.idle_ticks, budget_stopped=budget_stopped or self.budget_stopped,

@@ -1,0 +1,408 @@
+"""The league: every policy on every scenario, and the broker against each on its own terms.
+
+    python3 bench/league.py [--quick] [--seed 1] [--jobs 2] [--tasks 10000] [--only NAME]
+
+Scenarios (``bench/scenarios.py``, ``league_scenarios``): thesis LS/LM/LL on 20 and 60
+machines a type with estimates within 10%; BaTS's five; the thesis catalogue billed per second
+(60 s minimum, 60 s boot); LM20 without estimates (and no prior mean: every policy learns the
+runtimes from the tasks it runs) and with 30% error; a heavy-tailed bag (lognormal, sigma 1,
+capped at a 4 h timeout, no estimates). ``--quick``: LM20 (10% and none), BaTS S1-4, per-second
+and heavy tail, 2,000 tasks each.
+
+Policies, all through the same controller, simulator, billing and boot delays: List_eta on the
+most cost-efficient machines (eta = their count, private node included), round robin on every
+machine (BaTS's RR), BaTS (budget = the front's knee cost), FirstFit, 1VM4All, the peers
+(``broker/core/control/peers.py``: autoscale-idle with Ray's 5 min and Parsl's 120 s idle
+timeouts, Dask's adaptive, AWS Batch, condor_annex's static lease) and the thesis's PANDA
+(``broker/core/control/panda.py``, at its T_upper point).
+
+One table per scenario. Baseline rows: makespan, cost, cost / fluid bound at that makespan
+(ALGORITHMS.md 3.6, on the bag's true work), then the broker given the baseline's cost as its
+budget (makespan and cost, makespan ratio) and the baseline's makespan as its deadline (cost,
+cost ratio). Broker rows: front point 1, a deadline at the front's knee (its last printed
+point), the cheapest point (no goal) and a budget (the knee's cost), with cost / fluid bound and
+cost / billed bound (the cheapest whole-billing-unit plan for the true work at that makespan, no
+allowance: what hourly billing makes unavoidable).
+
+Goal lines (issue 15's Must show), each PASS or MISS with figures:
+  budget:   broker makespan <= 1.02 x the baseline's at the baseline's cost, never over budget
+  deadline: broker cost <= 1.01 x the baseline's at the baseline's makespan, deadline met
+  bound:    broker cost <= 1.01 x the fluid bound (10% error), 1.03 x (30% or none), at the
+            four broker points
+A MISS whose goal no schedule could reach says so with the figure that shows it (a makespan below
+the fastest plan for the true work; a cost bound below the billed bound). Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+import scenarios as sc  # noqa: E402
+from reproduce import table  # noqa: E402  (the reproduction report's table printer)
+from broker.core.control.controller import ControllerConfig  # noqa: E402
+from broker.core.control.snapshot import Goal  # noqa: E402
+from broker.core.plan import NoFeasiblePlan, PlanOptions, Work, fluid_lower_bound, min_cost, plan_front  # noqa: E402
+from broker.sim.engine import SimOptions, Simulation  # noqa: E402
+
+# (row label, policy, ControllerConfig overrides)
+BASELINES: tuple[tuple[str, str, tuple], ...] = (
+    ("List_eta (efficient)", "list", ()),
+    ("RR (all machines)", "rr", ()),
+    ("BaTS (knee cost)", "bats", ()),
+    ("FirstFit", "firstfit", ()),
+    ("1VM4All", "1vm4all", ()),
+    ("Ray autoscaler (5 min idle)", "autoscale-idle", ()),
+    ("Parsl simple (120 s idle)", "autoscale-idle", (("idle_timeout_s", 120.0),)),
+    ("Dask adaptive", "adaptive", ()),
+    ("AWS Batch", "batch", ()),
+    ("condor_annex (50 min lease)", "static", ()),
+    ("PANDA (thesis Ch. 6)", "panda", ()),
+)
+BROKER_POINTS = ("point 1", "knee deadline", "cheapest", "budget (knee cost)")
+MAX_VIRTUAL_S = 120 * 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    scenario: sc.LeagueScenario
+    label: str
+    policy: str
+    goal_kind: str = "none"
+    goal_value: float | None = None
+    peer: tuple = ()
+    eta: int | None = None
+    seed: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    spec: Spec
+    makespan_s: float = math.nan
+    cost_usd: float = math.nan
+    max_committed_usd: float = math.nan
+    tasks_done: int = 0
+    tasks_total: int = 0
+    launched: int = 0
+    sim_wall_s: float = math.nan
+    error: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.error is None and self.tasks_done == self.tasks_total
+
+
+def config_for(spec: Spec) -> ControllerConfig:
+    from broker.core.control.peers import PeerOptions
+
+    options = dict(spec.peer)
+    order = options.pop("list_order", "longest")
+    return ControllerConfig(policy=spec.policy, eta=spec.eta, tick_s=spec.scenario.tick_s, list_order=order,
+                            peer=PeerOptions(**options))
+
+
+def run(spec: Spec) -> Result:
+    scn = spec.scenario
+    try:
+        sim = Simulation(scn.inventory(), scn.workload(spec.seed), Goal(spec.goal_kind, spec.goal_value),
+                         config_for(spec), SimOptions(seed=spec.seed, max_virtual_s=MAX_VIRTUAL_S))
+        r = sim.run()
+    except Exception as exc:  # a failing run is a row, not the end of the report
+        return Result(spec, error=f"{type(exc).__name__}: {exc}")
+    return Result(spec, r.makespan_s, r.cost_usd, r.max_committed_usd, r.tasks_done, r.tasks_total,
+                  r.instances_launched, r.sim_wall_s)
+
+
+# -- bounds --------------------------------------------------------------------------------------
+@dataclass
+class Bounds:
+    """What no schedule can beat, for one scenario's true work."""
+
+    work: Work
+    fastest_s: float  # the fastest plan for the true work (no allowance)
+    knee: object  # the front's last printed point (on the estimates, or the true work without them)
+    first: object  # the front's first point
+    floor_usd: float
+    cache: dict = field(default_factory=dict)
+
+    def fluid(self, inv, makespan_s: float) -> float:
+        return fluid_lower_bound(inv.types, inv.private, self.work, makespan_s)
+
+    def billed(self, inv, makespan_s: float) -> float:
+        """The cheapest whole-unit plan for the true work by ``makespan_s`` (no allowance)."""
+        key = round(makespan_s, 1)
+        if key not in self.cache:
+            opts = PlanOptions(phi_s=0.0, tail_task_fraction=0.0)
+            try:
+                self.cache[key] = min_cost(inv.types, inv.private, self.work, makespan_s, options=opts).cost_usd
+            except NoFeasiblePlan:
+                self.cache[key] = math.inf
+        return self.cache[key]
+
+
+def bounds_for(scn: sc.LeagueScenario, seed: int) -> Bounds:
+    inv, w = scn.inventory(), scn.workload(seed)
+    true = Work(float(w.runtimes_ref_s.sum()), len(w.runtimes_ref_s), float(w.runtimes_ref_s.mean()),
+                float(w.runtimes_ref_s.std()))
+    planned = true
+    if w.estimates_ref_s is not None:
+        e = w.estimates_ref_s
+        planned = Work(float(e.sum()), len(e), float(e.mean()), float(e.std()))
+    front = plan_front(inv.types, inv.private, planned)
+    from broker.core.plan.capacity import Catalogue
+
+    cat = Catalogue.build(inv.types, inv.private, true, (), 0.0, PlanOptions(phi_s=0.0, tail_task_fraction=0.0))
+    prices = [t.price_per_hour / 3600.0 / t.capacity_per_s for t in inv.types if t.limit > 0]
+    prices += [p.cost_per_hour / 3600.0 / p.capacity_per_s for p in inv.private]
+    return Bounds(true, cat.fastest_horizon_s(true.total_ref_s), front.points[-1], front.points[0],
+                  true.total_ref_s * min(prices))
+
+
+# -- the runs ----------------------------------------------------------------------------------
+def first_round(scn: sc.LeagueScenario, b: Bounds, seed: int) -> list[Spec]:
+    inv = scn.inventory()
+    efficient = _efficient_machine_count(inv)
+    specs = [Spec(scn, "point 1", "broker", "point", 1, seed=seed),
+             Spec(scn, "knee deadline", "broker", "deadline", round(b.knee.makespan_s, 1), seed=seed),
+             Spec(scn, "cheapest", "broker", seed=seed),
+             Spec(scn, "budget (knee cost)", "broker", "budget", round(b.knee.cost_usd, 2), seed=seed)]
+    for label, policy, peer in BASELINES:
+        spec = Spec(scn, label, policy, peer=peer, seed=seed)
+        if policy == "list":
+            spec = replace(spec, eta=efficient)
+        if policy == "bats":
+            spec = replace(spec, goal_kind="budget", goal_value=round(b.knee.cost_usd, 2))
+        specs.append(spec)
+    return specs
+
+
+def _efficient_machine_count(inv) -> int:
+    """Machines (private nodes included) within 5% of the best work per dollar: List on them."""
+    effs = [(t.efficiency, t.limit) for t in inv.types if t.limit > 0]
+    effs += [(math.inf if p.cost_per_hour <= 0 else p.capacity_per_s * 3600 / p.cost_per_hour, 1)
+             for p in inv.private]
+    best = max(e for e, _ in effs)
+    return sum(n for e, n in effs if e >= best * 0.95 or (math.isinf(best) and math.isinf(e)))
+
+
+def second_round(first: list[Result]) -> list[Spec]:
+    specs = []
+    for r in first:
+        if r.spec.policy == "broker" or not r.complete:
+            continue
+        base = replace(r.spec, policy="broker", peer=(), eta=None)
+        specs.append(replace(base, label=f"vs {r.spec.label}: budget", goal_kind="budget",
+                             goal_value=round(r.cost_usd, 4)))
+        specs.append(replace(base, label=f"vs {r.spec.label}: deadline", goal_kind="deadline",
+                             goal_value=round(r.makespan_s, 1)))
+    return specs
+
+
+def run_all(specs: list[Spec], jobs: int) -> list[Result]:
+    order = sorted(range(len(specs)), key=lambda i: (specs[i].goal_kind != "budget", -specs[i].scenario.tasks))
+    out: dict[int, Result] = {}
+    started = time.perf_counter()
+
+    def note(r: Result) -> None:
+        print(f"[{len(out)}/{len(specs)} {time.perf_counter() - started:5.0f}s] {r.spec.scenario.name}: "
+              f"{r.spec.label} {r.sim_wall_s:.1f}s{' ' + r.error if r.error else ''}", file=sys.stderr, flush=True)
+
+    if jobs <= 1:
+        for i in order:
+            out[i] = run(specs[i])
+            note(out[i])
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for i, r in zip(order, pool.map(run, [specs[i] for i in order])):
+                out[i] = r
+                note(r)
+    return [out[i] for i in range(len(specs))]
+
+
+# -- printing ----------------------------------------------------------------------------------
+def hours(s: float) -> str:
+    return "-" if not math.isfinite(s) else f"{s / 3600:.2f}h"
+
+
+def usd(c: float) -> str:
+    return "-" if not math.isfinite(c) else f"${c:,.2f}"
+
+
+def ratio(a: float, b: float) -> str:
+    return "-" if not (math.isfinite(a) and math.isfinite(b) and b > 0) else f"{a / b:.3f}"
+
+
+def outcome(r: Result | None) -> str:
+    if r is None:
+        return "-"
+    if r.error:
+        return f"ERROR {r.error[:50]}"
+    text = f"{hours(r.makespan_s)} {usd(r.cost_usd)}"
+    return text if r.complete else f"{text} ({r.tasks_total - r.tasks_done} left)"
+
+
+def bound_tolerance(scn: sc.LeagueScenario) -> float:
+    return 1.01 if scn.error is not None and scn.error <= 0.1 else 1.03
+
+
+def report_scenario(scn: sc.LeagueScenario, b: Bounds, results: list[Result], goals: list[str]) -> None:
+    inv = scn.inventory()
+    mine = [r for r in results if r.spec.scenario == scn]
+    by_label = {r.spec.label: r for r in mine}
+    rows = []
+    for label in BROKER_POINTS:
+        r = by_label.get(label)
+        if r is None:
+            continue
+        fluid, billed = b.fluid(inv, r.makespan_s), b.billed(inv, r.makespan_s)
+        goal = "-" if r.spec.goal_value is None else (hours(r.spec.goal_value) if r.spec.goal_kind == "deadline"
+                                                      else usd(r.spec.goal_value) if r.spec.goal_kind == "budget"
+                                                      else f"point {r.spec.goal_value:g}")
+        rows.append([f"broker: {label}", goal, outcome(r), ratio(r.cost_usd, fluid), ratio(r.cost_usd, billed),
+                     ratio(billed, fluid), f"{r.launched}"])
+        bound_goal(scn, r, fluid, billed, goals)
+    table(f"{scn.name}: the broker's points (n={scn.tasks:,}; fastest plan for the true work "
+          f"{hours(b.fastest_s)}, cost floor {usd(b.floor_usd)})",
+          ["run", "goal", "delivered", "cost/fluid", "cost/billed", "billed/fluid", "launched"], rows)
+    rows = []
+    for label, _, _ in BASELINES:
+        base = by_label.get(label)
+        if base is None:
+            continue
+        at_budget = by_label.get(f"vs {label}: budget")
+        at_deadline = by_label.get(f"vs {label}: deadline")
+        rows.append([label, outcome(base), ratio(base.cost_usd, b.fluid(inv, base.makespan_s)),
+                     outcome(at_budget), ratio(at_budget.makespan_s, base.makespan_s) if at_budget else "-",
+                     outcome(at_deadline), ratio(at_deadline.cost_usd, base.cost_usd) if at_deadline else "-"])
+        versus_goals(scn, b, base, at_budget, at_deadline, goals)
+    table(f"{scn.name}: baselines, and the broker given each one's cost as budget / makespan as deadline",
+          ["baseline", "delivered", "cost/fluid", "broker @ its cost", "makespan ratio", "broker @ its makespan",
+           "cost ratio"], rows)
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def bound_goal(scn, r: Result, fluid: float, billed: float, goals: list[str]) -> None:
+    tol = bound_tolerance(scn)
+    ok = r.complete and r.cost_usd <= tol * fluid
+    line = (f"{verdict(ok)} {scn.name} bound at {r.spec.label}: cost {usd(r.cost_usd)} = {r.cost_usd / fluid:.4f} x "
+            f"the fluid bound {usd(fluid)} at {hours(r.makespan_s)} (goal <= {tol:g})")
+    if not ok and billed > tol * fluid:
+        line += (f"; unreachable as posed: the cheapest whole-unit plan for the true work by that makespan costs "
+                 f"{usd(billed)} = {billed / fluid:.4f} x the fluid bound (ours {r.cost_usd / billed:.4f} x it)")
+    elif not ok:
+        line += f"; billed bound {usd(billed)} (ours {r.cost_usd / billed:.4f} x it)"
+    goals.append(line)
+
+
+def versus_goals(scn, b: Bounds, base: Result, at_budget: Result | None, at_deadline: Result | None,
+                 goals: list[str]) -> None:
+    name = f"{scn.name} vs {base.spec.label}"
+    if not base.complete:
+        goals.append(f"MISS {name}: the baseline did not finish ({outcome(base)}); no comparison")
+        return
+    if at_budget is not None:
+        over = at_budget.cost_usd > base.cost_usd + 1e-6 or at_budget.max_committed_usd > base.cost_usd + 1e-6
+        ok = at_budget.complete and not over and at_budget.makespan_s <= 1.02 * base.makespan_s
+        goals.append(f"{verdict(ok)} {name} at its cost {usd(base.cost_usd)}: broker {outcome(at_budget)}, "
+                     f"makespan {at_budget.makespan_s / base.makespan_s:.3f} x (goal <= 1.02)"
+                     + (", OVER BUDGET" if over else ""))
+    if at_deadline is not None:
+        met = at_deadline.complete and at_deadline.makespan_s <= base.makespan_s + 1e-6
+        ok = met and at_deadline.cost_usd <= 1.01 * base.cost_usd
+        line = (f"{verdict(ok)} {name} at its makespan {hours(base.makespan_s)}: broker {outcome(at_deadline)}, "
+                f"cost {at_deadline.cost_usd / base.cost_usd:.3f} x (goal <= 1.01)"
+                + ("" if met else ", DEADLINE MISSED"))
+        if not met and base.makespan_s < b.fastest_s * 1.02:
+            line += (f"; the baseline's makespan is within 2% of the fastest plan for the true work "
+                     f"({hours(b.fastest_s)}), below what a plan at confidence can promise")
+        goals.append(line)
+
+
+# -- the literal List_eta, next to the thesis's Tables 6.4 / 6.5 (for information) --------------
+LIST_ETAS = (1, 11, 21, 41, 61, 81)
+LIST_ORDERS = ("longest", "random")
+
+
+def thesis_list_specs(seed: int, tasks: int) -> list[Spec]:
+    """List_eta on the eta most cost-efficient machines (ties faster first, the private node
+    included), eta swept, tasks taken longest first or at random (thesis 5.8.4, 6.5.2)."""
+    specs = []
+    for m in (20, 60):
+        for w in sc.THESIS_WORKLOADS:
+            scn = sc.LeagueScenario(f"{w}{m}", "thesis", w, tasks, m)
+            for eta in LIST_ETAS + ((121, 181, 241) if m == 60 else ()):
+                for order in LIST_ORDERS:
+                    specs.append(Spec(scn, f"List eta={eta} {order}", "list", eta=eta, seed=seed,
+                                      peer=(("list_order", order),)))
+    return specs
+
+
+def report_thesis_list(results: list[Result]) -> None:
+    rows = []
+    for name in [f"{w}{m}" for m in (20, 60) for w in sc.THESIS_WORKLOADS]:
+        mine = [r for r in results if r.spec.scenario.name == name]
+        if not mine:
+            continue
+        best_t, best_c = sc.THESIS_BEST_MAKESPAN[name], sc.THESIS_BEST_COST[name]
+        cells = []
+        for r in sorted(mine, key=lambda r: (r.spec.eta, r.spec.label)):
+            cells.append(f"{r.spec.eta}{r.spec.label.split()[-1][0]} {outcome(r)}")
+        rows.append([name, f"{best_t[1].hours}h ${best_t[1].usd}", f"{best_c[1].hours}h ${best_c[1].usd}",
+                     "; ".join(cells)])
+    table("Literal List_eta (n as in the thesis; eta swept; l = longest first, r = random), "
+          "beside the thesis's List at its best-makespan / best-cost points (Tables 6.4, 6.5), for information",
+          ["scen.", "thesis List T_lower", "thesis List best cost", "ours: eta+order makespan cost"], rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--tasks", type=int, default=10_000, help="bag size of the thesis-catalogue scenarios")
+    ap.add_argument("--only", action="append", help="run only the scenarios so named (repeatable)")
+    ap.add_argument("--thesis-list", action="store_true",
+                    help="also run the literal List_eta at the thesis's n = 100,000 (eta swept; default in a full run)")
+    args = ap.parse_args(argv)
+    print(f"command: python3 bench/league.py {' '.join(sys.argv[1:] if argv is None else argv)}".rstrip())
+    print(f"machine: {platform.node()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start, "
+          f"Python {platform.python_version()}, numpy {np.__version__}")
+    wall0 = time.perf_counter()
+    scenarios = sc.league_scenarios(args.quick, args.tasks)
+    if args.only:
+        scenarios = [s for s in scenarios if s.name in args.only]
+    bounds = {s: bounds_for(s, args.seed) for s in scenarios}
+    first = run_all([spec for s in scenarios for spec in first_round(s, bounds[s], args.seed)], args.jobs)
+    second = run_all(second_round(first), args.jobs)
+    goals: list[str] = []
+    for s in scenarios:
+        report_scenario(s, bounds[s], first + second, goals)
+    listed: list[Result] = []
+    if args.thesis_list or not (args.quick or args.only):
+        listed = run_all(thesis_list_specs(args.seed, sc.THESIS_TASKS), args.jobs)
+        report_thesis_list(listed)
+    print("\nGoals (issue 15, Must show)")
+    for g in goals:
+        print(g)
+    passed = sum(g.startswith("PASS") for g in goals)
+    print(f"\n{passed} of {len(goals)} goal lines PASS; {len(first) + len(second)} simulations in "
+          f"{time.perf_counter() - wall0:.0f} s wall (load average {os.getloadavg()[0]:.1f} at the end)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
