@@ -17,7 +17,7 @@ aws:
     - {name: small, slots: 1, speed: 1, price: 0.08, limit: 3}
 """
 KEYS = {"policy", "makespan_s", "cost_usd", "planned", "budget_usd", "deadline_s", "tasks", "samples",
-        "instances", "sim_wall_s"}
+        "instances", "sim_wall_s", "goal"}
 
 
 @pytest.fixture()
@@ -164,3 +164,16 @@ def test_on_a_terminal_progress_is_one_line_redrawn_at_most_five_times_a_second(
     assert [f.split()[1] for f in frames] == ["10/1,000", "400/1,000", "999/1,000"]  # 0.1 s and 0.35 s skipped
     assert frames[-1].rstrip("\n").startswith("simulating: 999/1,000 tasks done, 16h39m of virtual time, $9.99")
     assert term.text.endswith("\n") and term.text.count("\n") == 1
+
+
+def test_a_missed_deadline_exits_1_and_says_by_how_much(inventory, capsys):
+    """Regression: a simulated run that finished every task after its deadline exited 0."""
+    rc, obj, _ = simulate_json(capsys, "--inventory", inventory, "--workload", "long", "--tasks", "40",
+                               "--deadline", "20m", "--seed", "1")
+    assert obj["tasks"]["left"] == 0 and obj["makespan_s"] > 1200.0  # every task done, late
+    assert rc == 1
+    assert obj["goal"]["met"] is False and obj["goal"]["summary"].startswith("deadline 20m00s missed by ")
+    rc = main(["simulate", "--inventory", inventory, "--workload", "long", "--tasks", "40", "--deadline", "20m",
+               "--seed", "1"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "deadline 20m00s missed by " in out

@@ -365,15 +365,33 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
             print(f"left the run's instances and agents running: `broker run` with the same arguments and "
                   f"--run-dir {run_dir} resumes it, `broker down {run_dir}` releases them",
                   file=printer.out, flush=True)
+    verdict = run_verdict(goal, report)
     if args.json_report:
-        print(json.dumps(report.to_json()))
+        document = report.to_json()
+        document["goal"] = {"met": verdict.met, "summary": verdict.summary, "causes": list(verdict.causes)}
+        print(json.dumps(document))
     else:
         from broker.cli.report import print_report
 
         print_report(run_dir)
+        if report.state != "left":
+            print(verdict.text(), flush=True)
     if report.stop_reason == "declined":
         return 1
-    return 0 if report.tasks_done == report.tasks_total else 1
+    return 0 if verdict.met and report.tasks_done == report.tasks_total else 1
+
+
+def run_verdict(goal, report):
+    """Was the goal met (a deadline by the makespan, a budget by the total cost)? See
+    :mod:`broker.cli.verdict`."""
+    from broker.cli.verdict import RunFacts, judge
+
+    facts = RunFacts(
+        makespan_s=report.makespan_s, cost_usd=report.cost_usd, tasks_total=report.tasks_total,
+        tasks_done=report.tasks_done, budget_stopped=report.budget_stopped, tasks_failed=report.tasks_failed,
+        first_planned_makespan_s=report.planned_makespan_s,
+    )
+    return judge(goal.kind, goal.value, facts)
 
 
 def load_samples(path: str, bag, bag_path: str):

@@ -35,6 +35,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from broker.cli import UsageError
     from broker.cli.plan import goal_from_args
+    from broker.cli.verdict import facts_of_simulation, judge
     from broker.config.durations import format_duration, parse_duration
     from broker.config.inventory import load_inventory
     from broker.core.control.controller import ControllerConfig
@@ -65,9 +66,12 @@ def run(args) -> int:
         result = Simulation(inventory, workload, goal, config, options).run(on_progress=progress)
     finally:
         progress.close()
+    verdict = judge(goal.kind, goal.value, facts_of_simulation(result))
     if args.json:
-        print(json.dumps(result.to_json()))
-        return 1 if result.tasks_left else 0
+        document = result.to_json()
+        document["goal"] = {"met": verdict.met, "summary": verdict.summary, "causes": list(verdict.causes)}
+        print(json.dumps(document))
+        return 0 if verdict.met else 1
     r = result
     out = sys.stdout
     print(f"policy {r.policy}: {r.tasks_done}/{r.tasks_total} tasks in {format_duration(r.makespan_s)} "
@@ -81,8 +85,8 @@ def run(args) -> int:
           f"samples {r.samples}; simulated in {r.sim_wall_s:.2f}s", file=out)
     if r.tasks_left:
         print(f"{r.tasks_left} tasks left unfinished", file=out)
-        return 1
-    return 0
+    print(verdict.text(), file=out)
+    return 0 if verdict.met else 1
 
 
 class ProgressView:

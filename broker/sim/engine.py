@@ -146,6 +146,12 @@ class SimResult:
     quarantined: dict[str, str] = field(default_factory=dict)  # task id -> reason
     faults: dict[str, int] = field(default_factory=dict)  # fault kind -> times injected
     bad_nodes_found: list[str] = field(default_factory=list)
+    # Why a goal was missed (broker.cli.verdict): the bag's true work, what the first plan
+    # covered, when all but the last task were done, and how long the last one ran.
+    actual_work_ref_s: float = 0.0
+    planned_work_ref_s: float | None = None
+    second_last_end_s: float | None = None
+    last_runtime_s: float | None = None
 
     @property
     def tasks_quarantined(self) -> int:
@@ -223,6 +229,7 @@ class Simulation:
             sim_wall_s=0.0, max_committed_usd=0.0,
         )
         self.result.faults = {k: 0 for k in FAULT_KINDS}
+        self.result.actual_work_ref_s = float(self.truth.sum())
         self._instance_seq = 0
         self._live_instances = 0
         self._dirty_nodes: set[str] = set()
@@ -437,7 +444,10 @@ class Simulation:
         self.result.completions[task] = self.result.completions.get(task, 0) + 1
         runtime_ref = (self.now - cur[2]) * node.speed
         self.obs = self.obs.add(runtime_ref, None if self.est is None else float(self.est[i]))
+        if self.result.tasks_done > 1:
+            self.result.second_last_end_s = self.result.makespan_s
         self.result.makespan_s = float(self.now)
+        self.result.last_runtime_s = float(self.now - cur[2])
         # First result wins: cancel the other copies.
         for other_id, other_slot in list(self._copies.get(task, ())):
             other = self.nodes[other_id]
@@ -617,6 +627,8 @@ class Simulation:
                     first_plan_seen = True
                     self.result.planned_makespan_s = self.memory.planned_makespan_s
                     self.result.planned_cost_usd = self.memory.planned_cost_usd
+                    if decision.remaining is not None:
+                        self.result.planned_work_ref_s = decision.remaining.upper_ref_s + self.obs.sum_ref_s
                 self._apply(decision.actions)
             if tick:
                 if on_progress is not None:
