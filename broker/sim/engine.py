@@ -66,6 +66,7 @@ class SimWorkload:
     prior_mean_ref_s: float | None = None  # what sampling/a hint says before anything ran
     prior_sd_ref_s: float | None = None
     name: str = "workload"
+    timeout_ref_s: float | None = None  # no task runs longer (a bag's timeout, at speed 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +215,7 @@ class Simulation:
         self.attempts = [0] * n
         self.done = np.zeros(n, dtype=bool)
         self.obs = Observations()
+        self._finished = np.empty(max(n, 1))  # every finished runtime (ref-s), for the promise's law
         self.memory = Memory()
         self.committed_closed = 0.0  # cost of terminated instances
         self.book = FailureBook(options.failures)
@@ -322,6 +324,7 @@ class Simulation:
             prior_mean_ref_s=self.work.prior_mean_ref_s,
             prior_sd_ref_s=self.work.prior_sd_ref_s,
             budget_usd=self.result.budget_usd, tasks_failed=len(self.result.quarantined),
+            finished_ref_s=self._finished[: self.obs.count], timeout_ref_s=self.work.timeout_ref_s,
         )
 
     # -- actions -----------------------------------------------------------------------------
@@ -443,6 +446,7 @@ class Simulation:
         self.result.tasks_done += 1
         self.result.completions[task] = self.result.completions.get(task, 0) + 1
         runtime_ref = (self.now - cur[2]) * node.speed
+        self._finished[self.obs.count] = runtime_ref
         self.obs = self.obs.add(runtime_ref, None if self.est is None else float(self.est[i]))
         if self.result.tasks_done > 1:
             self.result.second_last_end_s = self.result.makespan_s

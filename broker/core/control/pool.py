@@ -93,6 +93,10 @@ class TaskPool:
     def known_total_ref_s(self) -> float:
         return self._known_total
 
+    def known_estimates_ref_s(self) -> list[float]:
+        """The estimates of the pending tasks that have one, ascending."""
+        return [est for est, _ in self._known]
+
     def estimate(self, task_id: str) -> float | None:
         return self._known_est.get(task_id)
 
