@@ -88,7 +88,7 @@ def capped_lognormal(sigma: float, n: int, seed: int) -> SimWorkload:
     rng = np.random.default_rng(seed)
     mean = 980.0
     x = np.minimum(rng.lognormal(math.log(mean) - sigma * sigma / 2, sigma, n), TIMEOUT_S)
-    return SimWorkload(x, None, None, None, f"lognormal-{sigma:g}")
+    return SimWorkload(x, None, None, None, f"lognormal-{sigma:g}", timeout_ref_s=TIMEOUT_S)
 
 
 def bimodal(n: int, seed: int) -> SimWorkload:
@@ -146,7 +146,7 @@ class Row:
 
 def one_run(scenario: str, n: int, seed: int, deadline_s: float, confidence: float) -> Row:
     inv, wl = build(scenario, n, seed)
-    cfg = ControllerConfig(confidence=confidence) if "confidence" in ControllerConfig.__slots__ else ControllerConfig()
+    cfg = ControllerConfig(confidence=confidence)
     t0 = time.perf_counter()
     r = Simulation(inv, wl, Goal("deadline", deadline_s), cfg, SimOptions(seed=seed)).run()
     verdict = judge("deadline", deadline_s, facts_of_simulation(r))

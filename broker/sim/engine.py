@@ -153,6 +153,9 @@ class SimResult:
     planned_work_ref_s: float | None = None
     second_last_end_s: float | None = None
     last_runtime_s: float | None = None
+    promise: object | None = None  # the first promise made (broker.core.plan.promise.Promise)
+    promise_samples: int | None = None  # runtimes seen when it was made
+    promise_last: object | None = None  # the last one
 
     @property
     def tasks_quarantined(self) -> int:
@@ -178,6 +181,7 @@ class SimResult:
             "samples": self.samples,
             "instances": {"launched": self.instances_launched, "max_concurrent": self.max_concurrent},
             "sim_wall_s": round(self.sim_wall_s, 3),
+            "promise": None if self.promise is None else self.promise.to_json(),
         }
 
 
@@ -627,6 +631,9 @@ class Simulation:
                     raise RuntimeError(f"no progress: {same_time} decisions at virtual time {t:.3f}s")
                 decision = self.controller.decide(self.snapshot(), self.memory, self.now, self.ctl_rng, tick=tick)
                 self.memory = decision.memory
+                if self.result.promise is None and self.memory.first_promise is not None:
+                    self.result.promise = self.memory.first_promise
+                    self.result.promise_samples = self.obs.count
                 if not first_plan_seen and self.memory.planned_makespan_s is not None:
                     first_plan_seen = True
                     self.result.planned_makespan_s = self.memory.planned_makespan_s
@@ -670,6 +677,7 @@ class Simulation:
                 self.now = max(self.now, node.release_at or self.now)
                 self._on_release((node.id, node.release_version))
         r = self.result
+        r.promise_last = self.memory.promise
         r.max_committed_usd = max(r.max_committed_usd, self.committed_closed)
         r.cloud_cost_usd = self.committed_closed
         r.private_cost_usd = sum(p.cost_per_hour for p in self.inv.private) * r.makespan_s / 3600.0

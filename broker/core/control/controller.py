@@ -72,11 +72,19 @@ class ControllerConfig:
     fit_safety: float = 1.0  # a task with an estimate fits when estimate x this <= time to release x speed
     warm_start: bool = True  # budget re-plans start their search where the last plan ended
     fit_z: float = 1.28  # a task without one fits when mean + fit_z sd does (about its 90% quantile)
+    # The promise (promises.py): its confidence 1 - delta (a deadline is held at it), how
+    # often the forecast is refreshed between launches, and its number of replicates.
+    confidence: float = 0.9
+    promise_every_s: float = 3600.0
+    promise_replicates: int = 200
+    promise: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         object.__setattr__(self, "policy", Policy(self.policy))  # a plain string comes in too
+        if not 0.0 < self.confidence < 1.0:
+            raise ValueError(f"confidence must lie strictly between 0 and 1, got {self.confidence!r}")
         if self.list_fleet is not None and any(count < 0 for _, count in self.list_fleet):
             raise ValueError(f"list_fleet counts must be >= 0, got {self.list_fleet!r}")
 

@@ -69,7 +69,8 @@ def hold_first_deadline(ctl: Controller, snap: Snapshot, memory: Memory, now: fl
 
     def predict(r: PlanResult):
         releases, launches = _plan_changes(ctl, r.plan)
-        return forecast_fleet(ctl, snap, rem, now, releases, launches, rng)
+        return forecast_fleet(ctl, snap, rem, now, releases, launches, rng, horizon_at_s=now + r.plan.horizon_s
+                              if r.plan.horizon_s > 0 else None)
 
     held = hold_deadline(plan_for, predict, float(ctl.goal.value), conf, elapsed_s=now - snap.started_at_s)
     if held is None:
@@ -93,7 +94,8 @@ def update_promise(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
     if not due:
         return memory
     launches = [(a.type_name, a.count, a.release_after_s) for a in s.actions if isinstance(a, Launch)]
-    f = forecast_fleet(ctl, snap, rem, now, dict(s.release), launches, promise_rng(snap, now))
+    horizon = None if ctl.goal.kind == "budget" else memory.deadline_at_s
+    f = forecast_fleet(ctl, snap, rem, now, dict(s.release), launches, promise_rng(snap, now), horizon)
     if f is None:
         return memory
     conf = ctl.config.confidence
@@ -103,15 +105,30 @@ def update_promise(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
     memory = replace(memory, promise=promise, promise_at_s=now,
                      first_promise=memory.first_promise if memory.first_promise is not None else promise)
     if ctl.goal.kind == "deadline" and memory.deadline_at_s is not None:
-        deadline_at = snap.started_at_s + float(ctl.goal.value)
-        over = snap.started_at_s + f.makespan_quantile(conf) - deadline_at
-        room = memory.deadline_at_s - now
-        if over > 0 and room > ctl.config.min_replan_gap_s:
-            pull = min(over + 0.02 * room, room - ctl.config.min_replan_gap_s)
-            memory = replace(memory, deadline_at_s=memory.deadline_at_s - pull,
-                             tail_allowance_s=memory.tail_allowance_s + pull,
-                             # the next re-plan comes after the shortest gap, not the regular interval
-                             last_plan_at_s=now - ctl.config.replan_every_s + ctl.config.min_replan_gap_s)
-            s.notes.append(f"deadline at risk at {100 * conf:g}%: the makespan's quantile is {over:.0f} s past "
-                           f"it; planning {pull:.0f} s earlier")
+        memory = _adjust_allowance(ctl, snap, memory, now, f.makespan_quantile(conf), s)
+    return memory
+
+
+def _adjust_allowance(ctl: Controller, snap: Snapshot, memory: Memory, now: float, quantile_s: float,
+                      s: Scratch) -> Memory:
+    """Keep the makespan's quantile on the deadline: pull the planning deadline in by an
+    overshoot at once (and re-plan soon), give back half of a slack of more than 5% of
+    the time left (a pull made on a loose early estimate is not kept to the end)."""
+    conf = ctl.config.confidence
+    deadline_at = snap.started_at_s + float(ctl.goal.value)
+    over = snap.started_at_s + quantile_s - deadline_at
+    room = memory.deadline_at_s - now
+    if over > 0 and room > ctl.config.min_replan_gap_s:
+        pull = min(over + 0.02 * room, 0.5 * room)
+        s.notes.append(f"deadline at risk at {100 * conf:g}%: the makespan's quantile is {over:.0f} s past it; "
+                       f"planning {pull:.0f} s earlier")
+        return replace(memory, deadline_at_s=memory.deadline_at_s - pull,
+                       tail_allowance_s=memory.tail_allowance_s + pull,
+                       # the next re-plan comes after the shortest gap, not the regular interval
+                       last_plan_at_s=now - ctl.config.replan_every_s + ctl.config.min_replan_gap_s)
+    slack = -over
+    if memory.tail_allowance_s > 0 and slack > 0.05 * max(deadline_at - now, 1.0):
+        give = min(memory.tail_allowance_s, 0.5 * slack)
+        return replace(memory, deadline_at_s=memory.deadline_at_s + give,
+                       tail_allowance_s=memory.tail_allowance_s - give)
     return memory

@@ -87,8 +87,10 @@ def closed_spend_usd(snap: Snapshot, now: float) -> float:
 
 
 def forecast_fleet(ctl, snap: Snapshot, rem: RemainingWork, now: float, releases: Mapping[str, float],
-                   launches: Sequence[tuple[str, int, float]], rng: np.random.Generator) -> Forecast | None:
-    """The forecast of the run with this fleet (None when there is no machine at all)."""
+                   launches: Sequence[tuple[str, int, float]], rng: np.random.Generator,
+                   horizon_at_s: float | None = None) -> Forecast | None:
+    """The forecast of the run with this fleet (None when there is no machine at all);
+    ``horizon_at_s``: the planning deadline the controller sheds surplus against."""
     machines = fleet_after(snap, now, releases, launches, ctl.private)
     if not machines:
         return None
@@ -97,4 +99,4 @@ def forecast_fleet(ctl, snap: Snapshot, rem: RemainingWork, now: float, releases
     fit = rem.mean_ref_s + ctl.config.fit_z * rem.sd_ref_s  # the dispatcher's size for a task without an estimate
     return forecast(machines, law, pending, now_s=now, started_at_s=snap.started_at_s,
                     spent_usd=closed_spend_usd(snap, now), rng=rng, replicates=ctl.config.promise_replicates,
-                    fit_ref_s=fit)
+                    fit_ref_s=fit, horizon_at_s=horizon_at_s)

@@ -48,6 +48,10 @@ and slot ``j`` is next free at ``t_b + rho_j / s_j``. The last
 replicates. Work past every release (the plan was short in this replicate) runs on the
 slot free first, as the controller would extend or buy; this replicate then overruns.
 
+Tail replication, as the controller does it: a task still running past its assumed size
+(the fit size, F's 90% quantile) is copied to a free slot more than twice as fast and the
+first result wins; applied to the three tasks that end last.
+
 A replicate gives makespan ``M_r`` (from the run's start) and cost ``C_r`` = spend already
 closed + every live or planned instance's charge + private nodes' hourly cost times
 ``M_r``. The promise is the median and the central ``1 - delta`` interval
@@ -69,7 +73,7 @@ from ..billing import Billing
 
 REPLICATES = 200
 TAIL_SLOTS_FACTOR = 3  # tasks scheduled one by one at the end: this many per slot
-EXACT_BULK_DRAWS = 2_000_000  # below this many draws the bulk is summed exactly
+EXACT_BULK_DRAWS = 100_000  # below this many draws the bulk is summed exactly (else the CLT)
 _ATOMS = 4096  # quantile atoms of a parametric runtime law (the last at z = 3.7)
 _MAX_ATOMS = 1000  # atoms a replicate re-weighs ...
 _KEPT_TAIL = 100  # ... of which the longest stay as observed
@@ -170,12 +174,18 @@ class RuntimeLaw:
         km = KaplanMeier(finished_ref_s, running_ages_ref_s, cap_ref_s)
         values, weights = km.atoms()
         n = max(km.events, 1)
+        events = np.sort(np.asarray(finished_ref_s, dtype=float))[::-1]
+        ages = np.asarray(running_ages_ref_s, dtype=float)
+        seen = max(float(events[0]) if events.size else 0.0, float(ages.max()) if ages.size else 0.0)
+        k = min(max(3, int(math.sqrt(events.size))), events.size - 1)
+        excess = float(np.mean(events[:k] - events[k])) if k >= 1 else 0.5 * seen
+        # KM leaves the mass of tasks still running past every runtime seen at the cap; it
+        # lies beyond the longest seen, by the tail's mean excess (never past the cap).
+        if weights[-1] > 0 and values[-1] > seen:
+            values[-1] = min(seen + excess, km.cap_ref_s)
         keep = weights > 0
-        top = np.sort(np.asarray(finished_ref_s, dtype=float))[::-1]
-        k = min(max(3, int(math.sqrt(top.size))), top.size - 1)
-        tail = (float(top[0]), float(np.mean(top[:k] - top[k]))) if k >= 1 else (None, 0.0)
         return cls(values[keep], weights[keep], kw.pop("mean_rel_se", 0.0), km.cap_ref_s, sample_size=n,
-                   tail_from_ref_s=tail[0], tail_excess_ref_s=tail[1], **kw)
+                   tail_from_ref_s=seen if events.size else None, tail_excess_ref_s=excess, **kw)
 
     @classmethod
     def parametric(cls, mean_ref_s: float, sd_ref_s: float, mean_rel_se: float = 0.0,
@@ -217,12 +227,17 @@ class RuntimeLaw:
         return self.values_ref_s[idx] * rng.random(shape)
 
     def draw_beyond(self, rng: np.random.Generator, age_ref_s: float, count: int) -> tuple[np.ndarray, bool]:
-        """``count`` draws of ``X - a`` given ``X > a``; (cap - a, True) when no observed atom
-        below the cap lies beyond ``a``."""
+        """``count`` draws of ``X - a`` given ``X > a``, and whether the data could not say:
+        when no runtime seen is longer than ``a``, the task is taken to need as long again
+        as half its age or the tail's mean excess, whichever is more (an exponential of that
+        mean, never past the cap; the controller copies such an overdue task elsewhere)."""
         above = self.values_ref_s > age_ref_s
         real = above & (self.values_ref_s < self.cap_ref_s)
+        if self.tail_from_ref_s is not None:
+            real &= self.values_ref_s <= self.tail_from_ref_s
         if not real.any():
-            return np.full(count, max(self.cap_ref_s - age_ref_s, 0.0)), True
+            mean = max(self.tail_excess_ref_s, 0.5 * age_ref_s, 1e-9)
+            return np.minimum(rng.exponential(mean, count), max(self.cap_ref_s - age_ref_s, 0.0)), True
         w = self.weights[above]
         cum = np.cumsum(w / w.sum())
         idx = np.minimum(np.searchsorted(cum, rng.random(count), side="right"), cum.size - 1)
@@ -264,14 +279,15 @@ class _Replicas:
 
     def draw(self, rng, k: int, unseen: bool = False) -> np.ndarray:
         """(R, k) runtimes; ``unseen``: from the predictive law of one new task (below)."""
-        x = self.values[_row_search(self.cum, rng.random((self.cum.shape[0], k)))] * self.scale[:, None]
+        x = np.minimum(self.values[_row_search(self.cum, rng.random((self.cum.shape[0], k)))] * self.scale[:, None],
+                       self.law.cap_ref_s)
         return self._unseen(rng, x) if unseen else x
 
     def draw_residual(self, rng, k: int) -> np.ndarray:
         """(R, k): the remaining work of a task caught part-way at a random moment (density
         S(x)/mu: a length-biased draw times a uniform)."""
         x = self.values[_row_search(self.cum_biased, rng.random((self.cum.shape[0], k)))]
-        return self._unseen(rng, x * self.scale[:, None]) * rng.random(x.shape)
+        return self._unseen(rng, np.minimum(x * self.scale[:, None], self.law.cap_ref_s)) * rng.random(x.shape)
 
     def _unseen(self, rng, x: np.ndarray) -> np.ndarray:
         """One new task outruns all ``n`` runtimes seen with probability 1 / (n + 1), which
@@ -419,12 +435,16 @@ def forecast(
     replicates: int = REPLICATES,
     speed_rel_sd: float = 0.0,
     fit_ref_s: float | None = None,
+    horizon_at_s: float | None = None,
+    keep_margin: float = 0.05,
 ) -> Forecast:
     """Simulate the rest of the run ``replicates`` times; see the module docstring.
 
     ``spent_usd``: what instances already terminated cost (live ones are charged here from
     their launch). ``fit_ref_s``: the size the dispatcher assumes for a task without an
     estimate when it checks a task fits before a release (default F's 90% quantile).
+    ``horizon_at_s``: the controller's planning deadline; when given, each replicate sheds
+    the capacity its work does not need by then, less ``keep_margin`` (:func:`_shed`).
     """
     R = int(replicates)
     slots = _slot_table(machines)
@@ -442,14 +462,87 @@ def forecast(
     order = _dispatch_order(pending, fit_u, rng)
     K = min(pending.count, TAIL_SLOTS_FACTOR * m)
     bulk, tail = order[: pending.count - K], order[pending.count - K:]
-    free, rel = _after_bulk(bulk, slots, laws, ratio, speed, busy, rng)
+    work = _bulk_work(bulk, laws, ratio, rng) if bulk.size else np.zeros(R)
     x = _draw_tasks(tail, laws, ratio, rng)
+    rel = np.broadcast_to(slots["release"], (R, m)).copy()
+    if horizon_at_s is not None:
+        need = (work + x.sum(axis=1) + ((busy - now_s) * speed).sum(axis=1)) * (1.0 + keep_margin)
+        rel = _shed(machines, slots, rel, busy, speed, need, horizon_at_s, now_s)
+    planned_rel = rel.copy()
+    free, rel = _after_bulk(work, bulk.size > 0, rel, laws, speed, busy, rng)
     fit = np.where(np.isnan(tail), fit_u, tail)
-    ends = _list_schedule(free, rel, speed, x, fit)
+    ends, last_start, last_ref = _list_schedule(free, rel, speed, x, fit)
+    ends = _replicate_last(ends, last_start, last_ref, speed, fit_u)
     makespan = np.max(np.where(np.isfinite(ends), ends, -np.inf), axis=1)
     makespan = np.maximum(makespan, now_s)
-    cost = spent_usd + _charges(machines, slots, ends, makespan, started_at_s)
+    cost = spent_usd + _charges(machines, slots, ends, makespan, planned_rel, started_at_s)
     return Forecast(makespan - started_at_s, cost, fallbacks)
+
+
+def _shed(machines, slots, rel, busy, speed, need, horizon_at_s: float, now_s: float) -> np.ndarray:
+    """(R, m) releases once the controller has shed what the replicate's work does not need.
+
+    The controller keeps a fleet that finishes the work (with a margin) by its planning
+    deadline ``H`` and releases the rest at billing boundaries, the instance due to leave
+    first pulled in furthest (``fleet.shed``). Per replicate: the surplus is the fleet's
+    capacity by ``H`` less the work needed; each instance in order of release gives up
+    whole billing units, never below what is paid nor below its running task, while the
+    capacity lost stays within the surplus. Without this a forecast charges every hour of a
+    fleet bought for the work's upper value, and a run whose work came in lower costs less."""
+    cap = speed * np.clip(np.minimum(horizon_at_s, rel) - busy, 0.0, None)
+    surplus = cap.sum(axis=1) - need
+    order = sorted((i for i, mc in enumerate(machines) if not mc.is_private and math.isfinite(mc.release_at_s)),
+                   key=lambda i: (machines[i].release_at_s, i))
+    for i in order:
+        mc = machines[i]
+        # whole billing units (a 300 s grid under per-second billing, as the planner's);
+        # a release sits a margin before its boundary, hence the 0.1-unit slack
+        unit = mc.billing.unit_s if mc.billing.unit_s >= 600 else 300.0
+        paid = mc.billing.paid_until(mc.launched_at_s, max(now_s, mc.ready_at_s))
+        units = min(int((mc.release_at_s - paid) / unit + 0.1), 48)
+        if units <= 0:
+            continue
+        cols = slots["machine"] == i
+        b, sp = busy[:, cols], speed[:, cols]
+        full = cap[:, cols].sum(axis=1)
+        k = np.zeros(rel.shape[0], dtype=int)
+        for step in range(1, units + 1):
+            at = mc.release_at_s - step * unit
+            lost = full - (sp * np.clip(np.minimum(horizon_at_s, at) - b, 0.0, None)).sum(axis=1)
+            ok = (lost <= surplus) & (b.max(axis=1) <= at)
+            if not ok.any():
+                break
+            k = np.where(ok, step, k)
+        at = mc.release_at_s - k * unit
+        lost = full - (sp * np.clip(np.minimum(horizon_at_s, at)[:, None] - b, 0.0, None)).sum(axis=1)
+        surplus = surplus - lost
+        rel[:, cols] = at[:, None]
+    return _lengthen(machines, slots, rel, busy, speed, surplus, horizon_at_s)
+
+
+def _lengthen(machines, slots, rel, busy, speed, surplus, horizon_at_s: float) -> np.ndarray:
+    """The other way: a replicate whose work needs more than the fleet offers by ``H``
+    keeps its instances on, unit by unit up to ``H`` (a re-plan extends them), the one due
+    to leave first first. What still does not fit runs past the releases (``_fluid_end``)."""
+    short = surplus < 0
+    if not short.any():
+        return rel
+    order = sorted((i for i, mc in enumerate(machines) if not mc.is_private and math.isfinite(mc.release_at_s)),
+                   key=lambda i: (machines[i].release_at_s, i))
+    for i in order:
+        mc = machines[i]
+        unit = mc.billing.unit_s if mc.billing.unit_s >= 600 else 300.0
+        cols = slots["machine"] == i
+        at = rel[:, np.argmax(cols)]
+        steps = np.floor(np.maximum(horizon_at_s - at, 0.0) / unit)
+        per_unit = float(speed[0, cols].sum()) * unit
+        want = np.where(surplus < 0, np.ceil(-surplus / max(per_unit, 1e-9)), 0.0)
+        k = np.minimum(steps, want)
+        rel[:, cols] = (at + k * unit)[:, None]
+        surplus = surplus + k * per_unit
+        if not (surplus < 0).any():
+            break
+    return rel
 
 
 def _slot_table(machines: Sequence[Machine]) -> dict[str, np.ndarray]:
@@ -530,13 +623,11 @@ def _bulk_work(sizes: np.ndarray, laws: _Replicas, ratio, rng) -> np.ndarray:
     return np.maximum(total, 0.0)
 
 
-def _after_bulk(bulk: np.ndarray, slots, laws: _Replicas, ratio, speed, busy, rng):
-    """(free, release), each (R, m): the slots' state when the bulk's work is done."""
+def _after_bulk(work: np.ndarray, any_bulk: bool, rel: np.ndarray, laws: _Replicas, speed, busy, rng):
+    """(free, release), each (R, m): the slots' state when the bulk's work is handed out."""
     R, m = speed.shape
-    rel = np.broadcast_to(slots["release"], (R, m)).copy()
-    if bulk.size == 0:
+    if not any_bulk:
         return busy, rel
-    work = _bulk_work(bulk, laws, ratio, rng)
     waste = laws.mean[:, None] / (2 * speed)
     stop = np.where(np.isfinite(rel), rel - waste, np.inf)
     # When the last bulk task is handed out, the slots are part-way through bulk tasks: the
@@ -566,12 +657,14 @@ def _fluid_end(work: np.ndarray, busy: np.ndarray, stop: np.ndarray, speed: np.n
 
     finite_stop = np.where(np.isfinite(stop), stop, -np.inf).max(axis=1)
     horizon = np.maximum(finite_stop, busy.max(axis=1))  # every finite window closed by then
-    unbounded = ~np.isfinite(stop).all(axis=1)  # a private node works on forever
+    unbounded = ~np.isfinite(stop).any(axis=1)  # private nodes only: nothing to extend
     full = capacity(horizon)
+    # More work than the fleet offers by its releases: the controller keeps it on (re-plans
+    # extend or buy), not the private nodes alone.
     extended = (work > full) & ~unbounded
     lo = busy.min(axis=1)
     hi = horizon + np.maximum(work - full, 0.0) / np.maximum(speed.min(axis=1), 1e-12) + 1.0
-    for _ in range(60):
+    for _ in range(40):  # the bracket is at most days wide: 40 halvings leave microseconds
         mid = (lo + hi) / 2
         short = capacity(mid) < work
         lo, hi = np.where(short, mid, lo), np.where(short, hi, mid)
@@ -582,9 +675,12 @@ def _fluid_end(work: np.ndarray, busy: np.ndarray, stop: np.ndarray, speed: np.n
 def _list_schedule(free: np.ndarray, rel: np.ndarray, speed: np.ndarray, x: np.ndarray, fit: np.ndarray):
     """List scheduling of the tail tasks in order, vectorised over the replicates: each goes
     to the slot free first among those where it fits before the release (``fit`` its
-    assumed size), else to the slot free first (an extension). Returns each slot's last end."""
+    assumed size), else to the slot free first (an extension). Returns each slot's last
+    end, and the start and reference size of its last task."""
     free = free.copy()
     rows = np.arange(free.shape[0])
+    last_start = np.full(free.shape, -np.inf)
+    last_ref = np.zeros(free.shape)
     for k in range(x.shape[1]):
         fits = free + fit[k] / speed <= rel
         avail = np.where(fits, free, np.inf)
@@ -592,11 +688,37 @@ def _list_schedule(free: np.ndarray, rel: np.ndarray, speed: np.ndarray, x: np.n
         none = ~np.isfinite(avail[rows, j])
         if none.any():
             j = np.where(none, np.argmin(free, axis=1), j)
+        last_start[rows, j] = free[rows, j]
+        last_ref[rows, j] = x[:, k]
         free[rows, j] = free[rows, j] + x[:, k] / speed[rows, j]
+    return free, last_start, last_ref
+
+
+def _replicate_last(free, last_start, last_ref, speed, overdue_ref: float, rounds: int = 3) -> np.ndarray:
+    """The controller's tail replication (``dispatch.replicate``): a task still running past
+    its expected size is copied to an idle slot more than twice as fast, and the first
+    result wins. Applied to the ``rounds`` tasks that end last: the copy starts when the
+    task is overdue (``overdue_ref`` reference seconds in) and the fast slot is free."""
+    free = free.copy()
+    rows = np.arange(free.shape[0])
+    finite = np.isfinite(free)
+    for _ in range(rounds):
+        j = np.argmax(np.where(finite, free, -np.inf), axis=1)
+        s_j = speed[rows, j]
+        start = np.maximum(free, (last_start[rows, j] + overdue_ref / s_j)[:, None])
+        copy_end = start + last_ref[rows, j][:, None] / speed
+        ok = finite & (speed > 2.0 * s_j[:, None]) & np.isfinite(last_start[rows, j])[:, None]
+        copy_end = np.where(ok, copy_end, np.inf)
+        f = np.argmin(copy_end, axis=1)
+        best = copy_end[rows, f]
+        win = best < free[rows, j]
+        free[rows, j] = np.where(win, best, free[rows, j])
+        free[rows, f] = np.where(win, best, free[rows, f])
     return free
 
 
-def _charges(machines, slots, ends: np.ndarray, makespan: np.ndarray, started_at_s: float) -> np.ndarray:
+def _charges(machines, slots, ends: np.ndarray, makespan: np.ndarray, rel: np.ndarray,
+             started_at_s: float) -> np.ndarray:
     """(R,) what every machine costs: instances from launch to max(last end, min(release,
     end of bag)), billed by their model; private nodes at their hourly rate over the run."""
     R = ends.shape[0]
@@ -608,7 +730,8 @@ def _charges(machines, slots, ends: np.ndarray, makespan: np.ndarray, started_at
             continue
         mine = slots["machine"] == i
         last = finite_ends[:, mine].max(axis=1)
-        until = np.maximum(last, np.minimum(mc.release_at_s, makespan))
+        release = rel[:, np.argmax(mine)]
+        until = np.maximum(last, np.minimum(release, makespan))
         total += _billed_s(mc.billing, until - mc.launched_at_s) / 3600.0 * mc.price_per_hour
     return total
 
