@@ -40,7 +40,7 @@ from pathlib import Path
 
 from broker.cli import UsageError
 from broker.cli.terminal import RedrawnLine
-from broker.cli.plan import add_goal_arguments, goal_from_args
+from broker.cli.plan import add_goal_arguments, confidence_from_args, goal_from_args
 from broker.config.durations import format_duration, parse_duration
 
 DRY_RUN_TIME_SCALE = 60.0
@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from broker.core.control.snapshot import Goal
 
     goal_arg = goal_from_args(args)
+    confidence_from_args(args)  # a bad --confidence exits 2 before anything starts
     goal = Goal() if goal_arg is None else Goal(goal_arg.kind, goal_arg.value)
     tick_s = _duration("--tick", args.tick)
     margin_s = _duration("--margin", args.margin)
@@ -345,7 +346,7 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
                           resume=resume is not None, on_stop=args.on_stop),
             journal=journal, clock=clock, fleet=fleet, instance_agents=instances,
             private_agents=private_agent, stop_private_agent=stop_private, inbox=inbox,
-            config=ControllerConfig(tick_s=tick_s, margin_s=margin_s),
+            config=ControllerConfig(tick_s=tick_s, margin_s=margin_s, confidence=confidence_from_args(args)),
             confirm=printer.confirm, on_first_plan=printer.show_plan, on_progress=printer.progress,
             samples=args.prior_samples, fetch_outputs=fetch_outputs, reattach_agent=reattach_agent,
         )

@@ -34,7 +34,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from broker.cli import UsageError
-    from broker.cli.plan import goal_from_args
+    from broker.cli.plan import confidence_from_args, goal_from_args
     from broker.cli.verdict import facts_of_simulation, judge
     from broker.config.durations import format_duration, parse_duration
     from broker.config.inventory import load_inventory
@@ -59,7 +59,7 @@ def run(args) -> int:
         tick_s = parse_duration(args.tick)
     except ValueError as exc:
         raise UsageError(f"--tick: {exc}") from None
-    config = ControllerConfig(policy=args.policy, eta=args.eta, tick_s=tick_s)
+    config = ControllerConfig(policy=args.policy, eta=args.eta, tick_s=tick_s, confidence=confidence_from_args(args))
     options = SimOptions(seed=args.seed, speed_noise=args.speed_noise, failure_rate=args.failure_rate)
     progress = ProgressView()
     try:
@@ -78,6 +78,8 @@ def run(args) -> int:
           f"for ${r.cost_usd:.2f} (cloud ${r.cloud_cost_usd:.2f}, private ${r.private_cost_usd:.2f})", file=out)
     if r.planned_makespan_s is not None:
         print(f"planned: {format_duration(r.planned_makespan_s)} for ${r.planned_cost_usd:.2f}", file=out)
+    if r.promise is not None:
+        print(f"promised: {r.promise.text()}", file=out)
     if r.budget_usd is not None:
         print(f"budget ${r.budget_usd:.2f}: peak committed ${r.max_committed_usd:.2f}"
               + (" (stopped for budget)" if r.budget_stopped else ""), file=out)

@@ -15,7 +15,8 @@ so this is safe while the daemon writes.
   faster than the wall; the ETA then also says how much wall time that is);
 - ``--json``: exactly one JSON object, ``Journal.status()``:
   ``{"tasks": {"total", "done", "running", "failed", "left"}, "instances": {"running",
-  "terminated"}, "committed_usd", "budget_usd"}``;
+  "terminated"}, "committed_usd", "budget_usd", "promise"}`` (``promise``: the current one,
+  ``{"confidence", "makespan_s", "makespan_s_range", "cost_usd", "cost_usd_range"}``, or null);
 - ``--watch``: redraw every ``--interval`` (default 5s) until the run is no longer running,
   or Ctrl-C.
 """
@@ -87,7 +88,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc
     with journal:
         if args.json:
-            print(json.dumps(journal.status(run_now_s(journal.run(), time.time()))))
+            document = journal.status(run_now_s(journal.run(), time.time()))
+            plan = journal.last_plan()
+            # the promise standing now (the last plan's): point and interval of makespan and cost
+            document["promise"] = None if plan is None else (plan.chosen or {}).get("promise")
+            print(json.dumps(document))
             return 0
         if not args.watch:
             print(render(snapshot(journal, time.time()), run_dir))
@@ -216,6 +221,9 @@ def _plan_line(overview: Overview) -> str:
         parts.append(f"cost ${plan.cost_usd:.2f}")
     if plan.confidence is not None:
         parts.append(f"confidence {100 * plan.confidence:.0f}%")
+    text = (plan.chosen or {}).get("promise_text") if isinstance(plan.chosen, dict) else None
+    if text:
+        parts.append(f"promise: {text}")
     return ", ".join(parts)
 
 

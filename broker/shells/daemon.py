@@ -645,6 +645,9 @@ class Daemon:
             prior_mean_ref_s=self.prior_mean, prior_sd_ref_s=self.prior_sd,
             budget_usd=float(self.goal.value) if self.goal.kind == "budget" else None,
             tasks_failed=len(self.failed), stopping=stopping,
+            timeout_ref_s=self.bag.timeout_s * self.clock.time_scale * max(
+                [t.speed for t in self.types.values()] + [p.speed for p in self.inv.private] + [1.0])
+            if self.bag.timeout_s else None,
         )
 
     def _decide(self, tick: bool) -> None:
@@ -665,10 +668,14 @@ class Daemon:
         work = {} if rem is None else {"work_ref_s": round(rem.point_ref_s, 3),
                                        "work_upper_ref_s": round(rem.upper_ref_s, 3), "mean_ref_s": round(rem.mean_ref_s, 3),
                                        "sd_ref_s": round(rem.sd_ref_s, 3), "work_tasks": rem.pending + rem.running}
+        promise = mem.promise  # the current promise (broker.core.plan.promise.Promise) and why it is what it is
+        said = {} if promise is None else {"promise": promise.to_json(), "promise_text": promise.text(),
+                                           "promise_why": promise.why}
         self._emit("plan.solved", makespan_s=_round(mem.planned_makespan_s, 3), cost_usd=_round(mem.planned_cost_usd, 6),
-                   fleet=fleet, cause=cause, note=mem.last_note, **work)
+                   fleet=fleet, cause=cause, note=mem.last_note, **work, **said)
         self.journal.record_plan(makespan_s=mem.planned_makespan_s, cost_usd=mem.planned_cost_usd, fleet=fleet,
-                                 chosen=plan.row(), reason=mem.last_note or cause, at_s=self.clock.epoch_s())
+                                 chosen=plan.row() | said, reason=mem.last_note or cause,
+                                 confidence=None if promise is None else promise.confidence, at_s=self.clock.epoch_s())
         if self.first_plan is None:
             self.first_plan = (mem.planned_makespan_s, mem.planned_cost_usd)
             if self.on_first_plan is not None:

@@ -156,6 +156,7 @@ class SimResult:
     promise: object | None = None  # the first promise made (broker.core.plan.promise.Promise)
     promise_samples: int | None = None  # runtimes seen when it was made
     promise_last: object | None = None  # the last one
+    promise_log: list = field(default_factory=list)  # (virtual s, tasks done, runtimes seen, Promise) per change
 
     @property
     def tasks_quarantined(self) -> int:
@@ -634,6 +635,9 @@ class Simulation:
                 if self.result.promise is None and self.memory.first_promise is not None:
                     self.result.promise = self.memory.first_promise
                     self.result.promise_samples = self.obs.count
+                p = self.memory.promise
+                if p is not None and (not self.result.promise_log or self.result.promise_log[-1][3] is not p):
+                    self.result.promise_log.append((self.now, self.result.tasks_done, self.obs.count, p))
                 if not first_plan_seen and self.memory.planned_makespan_s is not None:
                     first_plan_seen = True
                     self.result.planned_makespan_s = self.memory.planned_makespan_s

@@ -97,6 +97,13 @@ def forecast_fleet(ctl, snap: Snapshot, rem: RemainingWork, now: float, releases
     law = runtime_law(snap, rem)
     pending = Pending(snap.pending.unknown_count, np.asarray(snap.pending.known_estimates_ref_s(), dtype=float))
     fit = rem.mean_ref_s + ctl.config.fit_z * rem.sd_ref_s  # the dispatcher's size for a task without an estimate
+    # The controller sheds while (1 + h') x the work's upper value still fits (fleet.shed),
+    # h' and the upper value's band as the estimate stands now; as the run goes on both
+    # shrink toward ``hysteresis_min``. What it keeps in the end lies between the two.
+    band = (rem.upper_ref_s - rem.point_ref_s) / max(rem.point_ref_s, 1e-9)
+    h = min(ctl.config.hysteresis, max(ctl.config.hysteresis_min, band))
+    keep = (ctl.config.hysteresis_min, max((1 + band) * (1 + h) - 1, ctl.config.hysteresis_min))
     return forecast(machines, law, pending, now_s=now, started_at_s=snap.started_at_s,
                     spent_usd=closed_spend_usd(snap, now), rng=rng, replicates=ctl.config.promise_replicates,
-                    fit_ref_s=fit, horizon_at_s=horizon_at_s)
+                    fit_ref_s=fit, horizon_at_s=horizon_at_s, keep_margin=keep,
+                    end_allowance_s=ctl.planner.options.phi_s)

@@ -70,13 +70,13 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..billing import Billing
+from .law import RuntimeLaw, _Replicas
+
+__all__ = ["Forecast", "HeldDeadline", "Machine", "Pending", "Promise", "RuntimeLaw", "forecast", "hold_deadline"]
 
 REPLICATES = 200
 TAIL_SLOTS_FACTOR = 3  # tasks scheduled one by one at the end: this many per slot
 EXACT_BULK_DRAWS = 100_000  # below this many draws the bulk is summed exactly (else the CLT)
-_ATOMS = 4096  # quantile atoms of a parametric runtime law (the last at z = 3.7)
-_MAX_ATOMS = 1000  # atoms a replicate re-weighs ...
-_KEPT_TAIL = 100  # ... of which the longest stay as observed
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,234 +129,6 @@ class Promise:
 
         return inside(makespan_s, self.makespan_s_range, self.makespan_s, 1e-6), inside(
             cost_usd, self.cost_usd_range, self.cost_usd, 1e-9)
-
-
-# -- the runtime law --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RuntimeLaw:
-    """A discrete runtime distribution (reference seconds) and what is uncertain about it.
-
-    ``sample_size``: the number of observed runtimes behind the weights (None for a stated
-    law): each replicate then re-weighs the atoms by a Bayesian bootstrap, Dirichlet with
-    parameters ``weights x sample_size``, which carries the error of the mean *and* of the
-    shape (a small sample that missed the tail is often low in both its mean and its sd, and
-    a plain standard error then misses high); ``mean_rel_se``: for a stated law, the relative
-    standard error of its mean (shared by every task of a replicate); ``estimate_rel_sd``: per-task relative error of the bag's estimates, ``ratio_rel_se`` the
-    standard error of their correction ratio; ``cap_ref_s``: the longest a task can run.
-    """
-
-    values_ref_s: np.ndarray
-    weights: np.ndarray
-    mean_rel_se: float
-    cap_ref_s: float
-    estimate_rel_sd: float = 0.15
-    ratio_rel_se: float = 0.0
-    estimate_ratio: float = 1.0
-    sample_size: float | None = None
-    tail_from_ref_s: float | None = None  # the longest runtime seen ...
-    tail_excess_ref_s: float = 0.0  # ... and the mean excess of the longest ones over the next
-    _cum: np.ndarray = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        w = np.asarray(self.weights, dtype=float)
-        if w.size == 0 or w.sum() <= 0:
-            raise ValueError("a runtime law needs at least one atom of positive weight")
-        object.__setattr__(self, "weights", w / w.sum())
-        object.__setattr__(self, "values_ref_s", np.asarray(self.values_ref_s, dtype=float))
-        object.__setattr__(self, "_cum", np.cumsum(self.weights))
-
-    @classmethod
-    def observed(cls, finished_ref_s: Sequence[float], running_ages_ref_s: Sequence[float], cap_ref_s: float,
-                 **kw) -> "RuntimeLaw":
-        """The Kaplan-Meier law of finished runtimes with running tasks censored at their age."""
-        from ..estimate.survival import KaplanMeier
-
-        km = KaplanMeier(finished_ref_s, running_ages_ref_s, cap_ref_s)
-        values, weights = km.atoms()
-        n = max(km.events, 1)
-        events = np.sort(np.asarray(finished_ref_s, dtype=float))[::-1]
-        ages = np.asarray(running_ages_ref_s, dtype=float)
-        seen = max(float(events[0]) if events.size else 0.0, float(ages.max()) if ages.size else 0.0)
-        k = min(max(3, int(math.sqrt(events.size))), events.size - 1)
-        excess = float(np.mean(events[:k] - events[k])) if k >= 1 else 0.5 * seen
-        # KM leaves the mass of tasks still running past every runtime seen at the cap; it
-        # lies beyond the longest seen, by the tail's mean excess (never past the cap).
-        if weights[-1] > 0 and values[-1] > seen:
-            values[-1] = min(seen + excess, km.cap_ref_s)
-        keep = weights > 0
-        return cls(values[keep], weights[keep], kw.pop("mean_rel_se", 0.0), km.cap_ref_s, sample_size=n,
-                   tail_from_ref_s=seen if events.size else None, tail_excess_ref_s=excess, **kw)
-
-    @classmethod
-    def parametric(cls, mean_ref_s: float, sd_ref_s: float, mean_rel_se: float = 0.0,
-                   cap_ref_s: float | None = None, **kw) -> "RuntimeLaw":
-        """A lognormal with this mean and sd, on ``_ATOMS`` quantile atoms (a stated mean and
-        spread; ``mean_rel_se`` says how well the mean is known)."""
-        from statistics import NormalDist
-
-        mean = max(float(mean_ref_s), 1e-9)
-        cv2 = (max(float(sd_ref_s), 0.0) / mean) ** 2
-        s2 = math.log1p(cv2)
-        mu = math.log(mean) - s2 / 2
-        nd = NormalDist()
-        probs = (np.arange(_ATOMS) + 0.5) / _ATOMS
-        values = np.exp(mu + math.sqrt(s2) * np.array([nd.inv_cdf(p) for p in probs]))
-        values *= mean / values.mean()  # the atoms keep the stated mean exactly
-        cap = float(values.max()) if cap_ref_s is None else max(float(cap_ref_s), float(values.max()))
-        return cls(values, np.full(_ATOMS, 1.0 / _ATOMS), mean_rel_se, cap, **kw)
-
-    @property
-    def mean_ref_s(self) -> float:
-        return float(self.weights @ self.values_ref_s)
-
-    def quantile(self, q: float) -> float:
-        i = int(np.searchsorted(self._cum, q, side="left"))
-        return float(self.values_ref_s[min(i, self.values_ref_s.size - 1)])
-
-    def draw(self, rng: np.random.Generator, shape) -> np.ndarray:
-        idx = np.searchsorted(self._cum, rng.random(shape), side="right")
-        return self.values_ref_s[np.minimum(idx, self.values_ref_s.size - 1)]
-
-    def draw_residual(self, rng: np.random.Generator, shape) -> np.ndarray:
-        """The remaining work of a task caught part-way at a random moment (density S(x)/mu)."""
-        biased = self.weights * self.values_ref_s
-        if biased.sum() <= 0:
-            return np.zeros(shape)
-        cum = np.cumsum(biased / biased.sum())
-        idx = np.minimum(np.searchsorted(cum, rng.random(shape), side="right"), cum.size - 1)
-        return self.values_ref_s[idx] * rng.random(shape)
-
-    def draw_beyond(self, rng: np.random.Generator, age_ref_s: float, count: int) -> tuple[np.ndarray, bool]:
-        """``count`` draws of ``X - a`` given ``X > a``, and whether the data could not say:
-        when no runtime seen is longer than ``a``, the task is taken to need as long again
-        as half its age or the tail's mean excess, whichever is more (an exponential of that
-        mean, never past the cap; the controller copies such an overdue task elsewhere)."""
-        above = self.values_ref_s > age_ref_s
-        real = above & (self.values_ref_s < self.cap_ref_s)
-        if self.tail_from_ref_s is not None:
-            real &= self.values_ref_s <= self.tail_from_ref_s
-        if not real.any():
-            mean = max(self.tail_excess_ref_s, 0.5 * age_ref_s, 1e-9)
-            return np.minimum(rng.exponential(mean, count), max(self.cap_ref_s - age_ref_s, 0.0)), True
-        w = self.weights[above]
-        cum = np.cumsum(w / w.sum())
-        idx = np.minimum(np.searchsorted(cum, rng.random(count), side="right"), cum.size - 1)
-        return self.values_ref_s[above][idx] - age_ref_s, False
-
-    def mean_multipliers(self, rng: np.random.Generator, replicates: int, rel_se: float | None = None) -> np.ndarray:
-        c = self.mean_rel_se if rel_se is None else rel_se
-        if c <= 0:
-            return np.ones(replicates)
-        s2 = math.log1p(c * c)
-        return np.exp(rng.standard_normal(replicates) * math.sqrt(s2) - s2 / 2)
-
-
-class _Replicas:
-    """The runtime law of each replicate: shared atoms, per-replicate weights (R, A) from the
-    Bayesian bootstrap (or the stated weights and a mean multiplier), and the replicate's
-    mean, variance and tail-residual law. At most ``_MAX_ATOMS`` atoms: beyond that,
-    neighbours are pooled (the longest ``_KEPT_TAIL`` atoms are kept as they are)."""
-
-    def __init__(self, law: RuntimeLaw, R: int, rng: np.random.Generator):
-        self.law = law
-        v, w = _pooled(law.values_ref_s, law.weights)
-        if law.sample_size is not None:
-            g = rng.standard_gamma(np.maximum(w * law.sample_size, 1e-3)[None, :], size=(R, v.size))
-            w_r = g / g.sum(axis=1, keepdims=True)
-            scale = _bootstrap_t_scale(v, w, w_r, law.sample_size)
-            w = w_r
-        else:
-            w = np.broadcast_to(w, (R, v.size))
-            scale = law.mean_multipliers(rng, R)
-        self.values = v
-        self.scale = scale
-        base = w @ v
-        self.mean = scale * base
-        self.var = scale**2 * np.maximum(w @ (v * v) - base * base, 0.0)
-        self.cum = _row_cumsum(w)
-        self.cum_biased = _row_cumsum(w * v[None, :])
-        self.ratio_to_law = self.mean / max(law.mean_ref_s, 1e-12)
-
-    def draw(self, rng, k: int, unseen: bool = False) -> np.ndarray:
-        """(R, k) runtimes; ``unseen``: from the predictive law of one new task (below)."""
-        x = np.minimum(self.values[_row_search(self.cum, rng.random((self.cum.shape[0], k)))] * self.scale[:, None],
-                       self.law.cap_ref_s)
-        return self._unseen(rng, x) if unseen else x
-
-    def draw_residual(self, rng, k: int) -> np.ndarray:
-        """(R, k): the remaining work of a task caught part-way at a random moment (density
-        S(x)/mu: a length-biased draw times a uniform)."""
-        x = self.values[_row_search(self.cum_biased, rng.random((self.cum.shape[0], k)))]
-        return self._unseen(rng, np.minimum(x * self.scale[:, None], self.law.cap_ref_s)) * rng.random(x.shape)
-
-    def _unseen(self, rng, x: np.ndarray) -> np.ndarray:
-        """One new task outruns all ``n`` runtimes seen with probability 1 / (n + 1), which
-        the observed atoms never do: that share of the draws goes past the longest, by an
-        exponential excess of the tail's mean excess (never past the cap). A sum of many
-        tasks does not need this (the sample mean is unbiased), the end of a bag does: its
-        last tasks decide the makespan, and on lognormal(sigma 1) runtimes, 200 seen, the
-        90% interval of a 2,000-task makespan otherwise missed high 12-13% of the time."""
-        law = self.law
-        if law.sample_size is None or law.tail_from_ref_s is None:
-            return x
-        beyond = rng.random(x.shape) < 1.0 / (law.sample_size + 1.0)
-        if not beyond.any():
-            return x
-        far = law.tail_from_ref_s + rng.exponential(max(law.tail_excess_ref_s, 0.0) + 1e-9, int(beyond.sum()))
-        x = x.copy()
-        x[beyond] = np.minimum(far, law.cap_ref_s)
-        return x
-
-
-def _bootstrap_t_scale(v, w, w_r, n: float) -> np.ndarray:
-    """(R,) factors that move each replicate's mean to the bootstrap-t reading of it.
-
-    The bootstrap mean ``m_r`` of a right-skewed sample is too rarely far above ``m``: a
-    sample that missed the tail is low in its mean and in its sd alike. The studentized
-    ``t_r = (m_r - m) / (s_r / sqrt(n))`` keeps that coupling, and the replicate's mean is
-    taken as ``mu_r = m - t_r s / sqrt(n)`` (Efron's bootstrap-t; second-order accurate
-    where the plain bootstrap is first-order). ``t_r`` is held within +-6 and ``mu_r``
-    within [m / 5, 5 m]. On lognormal(sigma 1) runtimes, 200 observed, the plain bootstrap's
-    90% interval of 2,000 tasks' makespan missed high in 12% of repetitions, against 5%."""
-    m = float(w @ v)
-    s = math.sqrt(max(float(w @ (v * v)) - m * m, 0.0))
-    if s <= 0 or m <= 0:
-        return np.ones(w_r.shape[0])
-    m_r = w_r @ v
-    s_r = np.sqrt(np.maximum(w_r @ (v * v) - m_r * m_r, 1e-300))
-    t = np.clip((m_r - m) / (s_r / math.sqrt(n)), -6.0, 6.0)
-    mu = np.clip(m - t * s / math.sqrt(n), m / 5, 5 * m)
-    return mu / m_r
-
-
-def _pooled(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    order = np.argsort(values, kind="stable")
-    v, w = values[order], weights[order]
-    if v.size <= _MAX_ATOMS:
-        return v, w
-    head = v.size - _KEPT_TAIL
-    groups = _MAX_ATOMS - _KEPT_TAIL
-    edges = np.linspace(0, head, groups + 1).astype(int)
-    mass = np.add.reduceat(w[:head], edges[:-1])
-    mean = np.add.reduceat(w[:head] * v[:head], edges[:-1]) / np.maximum(mass, 1e-300)
-    return np.concatenate((mean, v[head:])), np.concatenate((mass, w[head:]))
-
-
-def _row_cumsum(w: np.ndarray) -> np.ndarray:
-    cum = np.cumsum(w, axis=1)
-    total = cum[:, -1:]
-    cum = cum / np.where(total > 0, total, 1.0)
-    cum[:, -1] = 1.0
-    return cum
-
-
-def _row_search(cum: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """Per row r, ``searchsorted(cum[r], u[r])``, in one call (rows offset by their index)."""
-    R, A = cum.shape
-    offset = np.arange(R, dtype=float)[:, None]
-    flat = (cum + 2.0 * offset).ravel()
-    idx = np.searchsorted(flat, (np.minimum(u, 1.0 - 1e-12) + 2.0 * offset).ravel(), side="right")
-    return np.minimum(idx.reshape(u.shape) - (np.arange(R) * A)[:, None], A - 1)
 
 
 # -- the fleet --------------------------------------------------------------------------------
@@ -436,7 +208,8 @@ def forecast(
     speed_rel_sd: float = 0.0,
     fit_ref_s: float | None = None,
     horizon_at_s: float | None = None,
-    keep_margin: float = 0.05,
+    keep_margin: float | tuple[float, float] = 0.05,
+    end_allowance_s: float = 300.0,
 ) -> Forecast:
     """Simulate the rest of the run ``replicates`` times; see the module docstring.
 
@@ -444,7 +217,10 @@ def forecast(
     their launch). ``fit_ref_s``: the size the dispatcher assumes for a task without an
     estimate when it checks a task fits before a release (default F's 90% quantile).
     ``horizon_at_s``: the controller's planning deadline; when given, each replicate sheds
-    the capacity its work does not need by then, less ``keep_margin`` (:func:`_shed`).
+    the capacity its work does not need by then with a ``keep_margin`` (a pair: uniform
+    between the two in each replicate, for a controller whose margin narrows as it learns),
+    counting a slot's
+    capacity as the controller does, less ``end_allowance_s`` and half a mean task (:func:`_shed`).
     """
     R = int(replicates)
     slots = _slot_table(machines)
@@ -466,8 +242,11 @@ def forecast(
     x = _draw_tasks(tail, laws, ratio, rng)
     rel = np.broadcast_to(slots["release"], (R, m)).copy()
     if horizon_at_s is not None:
-        need = (work + x.sum(axis=1) + ((busy - now_s) * speed).sum(axis=1)) * (1.0 + keep_margin)
-        rel = _shed(machines, slots, rel, busy, speed, need, horizon_at_s, now_s)
+        lo, hi = keep_margin if isinstance(keep_margin, tuple) else (keep_margin, keep_margin)
+        keep = lo + (hi - lo) * rng.random(R)
+        need = (work + x.sum(axis=1) + ((busy - now_s) * speed).sum(axis=1)) * (1.0 + keep)
+        start = busy + end_allowance_s + 0.5 * laws.mean[:, None] / speed
+        rel = _shed(machines, slots, rel, busy, start, speed, need, horizon_at_s, now_s)
     planned_rel = rel.copy()
     free, rel = _after_bulk(work, bulk.size > 0, rel, laws, speed, busy, rng)
     fit = np.where(np.isnan(tail), fit_u, tail)
@@ -479,7 +258,7 @@ def forecast(
     return Forecast(makespan - started_at_s, cost, fallbacks)
 
 
-def _shed(machines, slots, rel, busy, speed, need, horizon_at_s: float, now_s: float) -> np.ndarray:
+def _shed(machines, slots, rel, busy, start, speed, need, horizon_at_s: float, now_s: float) -> np.ndarray:
     """(R, m) releases once the controller has shed what the replicate's work does not need.
 
     The controller keeps a fleet that finishes the work (with a margin) by its planning
@@ -489,7 +268,7 @@ def _shed(machines, slots, rel, busy, speed, need, horizon_at_s: float, now_s: f
     whole billing units, never below what is paid nor below its running task, while the
     capacity lost stays within the surplus. Without this a forecast charges every hour of a
     fleet bought for the work's upper value, and a run whose work came in lower costs less."""
-    cap = speed * np.clip(np.minimum(horizon_at_s, rel) - busy, 0.0, None)
+    cap = speed * np.clip(np.minimum(horizon_at_s, rel) - start, 0.0, None)  # ``start``: busy + allowance
     surplus = cap.sum(axis=1) - need
     order = sorted((i for i, mc in enumerate(machines) if not mc.is_private and math.isfinite(mc.release_at_s)),
                    key=lambda i: (machines[i].release_at_s, i))
@@ -503,18 +282,18 @@ def _shed(machines, slots, rel, busy, speed, need, horizon_at_s: float, now_s: f
         if units <= 0:
             continue
         cols = slots["machine"] == i
-        b, sp = busy[:, cols], speed[:, cols]
+        b, sp, st = busy[:, cols], speed[:, cols], start[:, cols]
         full = cap[:, cols].sum(axis=1)
         k = np.zeros(rel.shape[0], dtype=int)
         for step in range(1, units + 1):
             at = mc.release_at_s - step * unit
-            lost = full - (sp * np.clip(np.minimum(horizon_at_s, at) - b, 0.0, None)).sum(axis=1)
+            lost = full - (sp * np.clip(np.minimum(horizon_at_s, at) - st, 0.0, None)).sum(axis=1)
             ok = (lost <= surplus) & (b.max(axis=1) <= at)
             if not ok.any():
                 break
             k = np.where(ok, step, k)
         at = mc.release_at_s - k * unit
-        lost = full - (sp * np.clip(np.minimum(horizon_at_s, at)[:, None] - b, 0.0, None)).sum(axis=1)
+        lost = full - (sp * np.clip(np.minimum(horizon_at_s, at)[:, None] - st, 0.0, None)).sum(axis=1)
         surplus = surplus - lost
         rel[:, cols] = at[:, None]
     return _lengthen(machines, slots, rel, busy, speed, surplus, horizon_at_s)
@@ -741,6 +520,18 @@ def _billed_s(b: Billing, elapsed: np.ndarray) -> np.ndarray:
     e = np.maximum(elapsed, 0.0)
     started = b.unit_s * np.ceil(e / b.unit_s - 1e-6 / b.unit_s)
     return np.maximum(np.maximum(started, b.minimum_s), b.unit_s)
+
+
+def machines_of_plan(types, private, plan, margin_s: float = 120.0) -> list[Machine]:
+    """A fresh plan's fleet from now (0): the private nodes and every new instance, ready
+    after its boot delay and released a margin before its last paid quantum."""
+    by_name = {t.name: t for t in types}
+    out = [Machine(p.slots, p.speed, 0.0, math.inf, p.cost_per_hour) for p in private]
+    for g in plan.new:
+        t = by_name[g.type_name]
+        out += [Machine(t.slots, t.speed, t.boot_s, max(g.release_after_s - margin_s, t.boot_s), t.price_per_hour,
+                        0.0, t.billing, (), t.name) for _ in range(g.count)]
+    return out
 
 
 # -- a deadline at a confidence ---------------------------------------------------------------
