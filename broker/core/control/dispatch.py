@@ -67,6 +67,7 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
     mean, fit_size = mean_and_fit
     fit_rule = ctl.config.policy == Policy.BROKER or BASELINES[ctl.config.policy].fit_rule
     ready = sorted((n for n in snap.nodes_with_free_slots() if n.ready(now)), key=lambda n: (-n.speed, n.id))
+    fastest = max((n.speed for n in snap.nodes if not n.lost), default=0.0)
     idle_slots: list[tuple[NodeView, int, float]] = []
     for node in ready:
         if len(node.running) >= node.slots:
@@ -78,6 +79,8 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
             limit_ref = math.inf
             if fit_rule and release is not None:
                 limit_ref = (release - now) * node.speed / ctl.config.fit_safety
+            if fit_rule:
+                limit_ref = min(limit_ref, tail_limit_ref(ctl, snap, memory, node, now, fit_size, fastest))
             pick = snap.pending.largest_fitting(limit_ref, fit_size if fit_rule else mean, s.taken)
             if pick is None and not fit_rule:
                 pick = snap.pending.smallest(mean, s.taken)
@@ -100,6 +103,23 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
             idle_slots = [x for x in idle_slots if (x[0].id, x[1]) != (node.id, slot)]
     if ctl.config.replicate and ctl.config.policy == Policy.BROKER and len(snap.pending) - len(s.taken) <= 0 and idle_slots:
         replicate(snap, now, mean, idle_slots, s)
+
+
+def tail_limit_ref(ctl: Controller, snap: Snapshot, memory: Memory, node: NodeView, now: float, fit_size: float,
+                   fastest: float) -> float:
+    """Near a deadline, the long tasks go to the fast slots (a rule of issue 16: stragglers).
+
+    A task without an estimate is taken by a slot only if its high quantile
+    (``memory.tail_size_ref_s``, set with the promise) still ends there by the user's
+    deadline: ``now + tail / speed <= deadline``. A 6-hour task started two hours before
+    the deadline on a slot of speed 1 decides the makespan; on a slot 2.5 times as fast it
+    does not. Expressed as a limit in the pool's terms (unknown tasks count as
+    ``fit_size``). The fastest slots of the fleet take work regardless: something must."""
+    tail = memory.tail_size_ref_s
+    if ctl.goal.kind != "deadline" or tail is None or node.speed >= fastest:
+        return math.inf
+    left = snap.started_at_s + float(ctl.goal.value) - now
+    return left * node.speed - max(tail - fit_size, 0.0)
 
 
 def replicate(snap: Snapshot, now: float, mean: float, idle_slots, s: Scratch) -> None:

@@ -35,7 +35,7 @@ from ..plan.promise import hold_deadline
 from .actions import Launch
 from .estimates import RemainingWork
 from .planning import PlanResult
-from .promising import forecast_fleet
+from .promising import forecast_fleet, tail_size_ref_s
 from .replan import solve
 from .snapshot import Memory, Snapshot
 
@@ -62,6 +62,8 @@ def hold_first_deadline(ctl: Controller, snap: Snapshot, memory: Memory, now: fl
     deadline_at = snap.started_at_s + float(ctl.goal.value)
     conf = ctl.config.confidence
     rng = promise_rng(snap, now)
+    tail = tail_size_ref_s(snap, rem, conf)
+    memory = replace(memory, tail_size_ref_s=tail)
 
     def plan_for(h: float) -> PlanResult | None:
         r = solve(ctl, snap, replace(memory, deadline_at_s=now + h), now, rem)
@@ -70,7 +72,7 @@ def hold_first_deadline(ctl: Controller, snap: Snapshot, memory: Memory, now: fl
     def predict(r: PlanResult):
         releases, launches = _plan_changes(ctl, r.plan)
         return forecast_fleet(ctl, snap, rem, now, releases, launches, rng, horizon_at_s=now + r.plan.horizon_s
-                              if r.plan.horizon_s > 0 else None)
+                              if r.plan.horizon_s > 0 else None, tail_ref_s=tail)
 
     held = hold_deadline(plan_for, predict, float(ctl.goal.value), conf, elapsed_s=now - snap.started_at_s)
     if held is None:
@@ -95,31 +97,44 @@ def update_promise(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
         return memory
     launches = [(a.type_name, a.count, a.release_after_s) for a in s.actions if isinstance(a, Launch)]
     horizon = None if ctl.goal.kind == "budget" else memory.deadline_at_s
-    f = forecast_fleet(ctl, snap, rem, now, dict(s.release), launches, promise_rng(snap, now), horizon)
+    conf = ctl.config.confidence
+    if ctl.goal.kind == "deadline":
+        memory = replace(memory, tail_size_ref_s=tail_size_ref_s(snap, rem, conf))
+    f = forecast_fleet(ctl, snap, rem, now, dict(s.release), launches, promise_rng(snap, now), horizon,
+                       memory.tail_size_ref_s)
     if f is None:
         return memory
-    conf = ctl.config.confidence
     why = ("first plan" if memory.first_promise is None else f"re-plan ({cause or 'replan'})") + (
         f": {rem.pending} tasks pending, {rem.running} running, {rem.point_ref_s:.4g} ref-s of work left")
     promise = f.promise(conf, why)
     memory = replace(memory, promise=promise, promise_at_s=now,
                      first_promise=memory.first_promise if memory.first_promise is not None else promise)
     if ctl.goal.kind == "deadline" and memory.deadline_at_s is not None:
-        memory = _adjust_allowance(ctl, snap, memory, now, f.makespan_quantile(conf), s)
+        memory = _adjust_allowance(ctl, snap, memory, now, f, s)
     return memory
 
 
-def _adjust_allowance(ctl: Controller, snap: Snapshot, memory: Memory, now: float, quantile_s: float,
-                      s: Scratch) -> Memory:
-    """Keep the makespan's quantile on the deadline: pull the planning deadline in by an
-    overshoot at once (and re-plan soon), give back half of a slack of more than 5% of
-    the time left (a pull made on a loose early estimate is not kept to the end)."""
+def _adjust_allowance(ctl: Controller, snap: Snapshot, memory: Memory, now: float, f, s: Scratch) -> Memory:
+    """Keep the makespan's quantile on the deadline. On an overshoot, pull the planning
+    deadline in by it (and re-plan soon), but only as far as capacity can help: not when
+    the tasks running now alone already end past the deadline at the quantile (no machine
+    bought shortens them: the note says so), and never by more than half of the time left
+    to the user's deadline (a planning deadline in the past would buy the fastest fleet
+    for the last few tasks). On a slack of more than 5% of the time left, give back half
+    of it (a pull made on a loose early estimate is not kept to the end)."""
     conf = ctl.config.confidence
     deadline_at = snap.started_at_s + float(ctl.goal.value)
-    over = snap.started_at_s + quantile_s - deadline_at
+    over = snap.started_at_s + f.makespan_quantile(conf) - deadline_at
     room = memory.deadline_at_s - now
-    if over > 0 and room > ctl.config.min_replan_gap_s:
-        pull = min(over + 0.02 * room, 0.5 * room)
+    if over > 0:
+        running = None if f.running_ends_s is None else snap.started_at_s + float(np.quantile(f.running_ends_s, conf))
+        if running is not None and running > deadline_at:
+            s.notes.append(f"deadline at risk at {100 * conf:g}%: tasks running now may end "
+                           f"{running - deadline_at:.0f} s past it; more machines would not help")
+            return memory
+        pull = min(over + 0.02 * room, memory.deadline_at_s - (now + 0.5 * (deadline_at - now)))
+        if pull <= 0 or room <= ctl.config.min_replan_gap_s:
+            return memory
         s.notes.append(f"deadline at risk at {100 * conf:g}%: the makespan's quantile is {over:.0f} s past it; "
                        f"planning {pull:.0f} s earlier")
         return replace(memory, deadline_at_s=memory.deadline_at_s - pull,

@@ -88,7 +88,7 @@ def closed_spend_usd(snap: Snapshot, now: float) -> float:
 
 def forecast_fleet(ctl, snap: Snapshot, rem: RemainingWork, now: float, releases: Mapping[str, float],
                    launches: Sequence[tuple[str, int, float]], rng: np.random.Generator,
-                   horizon_at_s: float | None = None) -> Forecast | None:
+                   horizon_at_s: float | None = None, tail_ref_s: float | None = None) -> Forecast | None:
     """The forecast of the run with this fleet (None when there is no machine at all);
     ``horizon_at_s``: the planning deadline the controller sheds surplus against."""
     machines = fleet_after(snap, now, releases, launches, ctl.private)
@@ -106,4 +106,18 @@ def forecast_fleet(ctl, snap: Snapshot, rem: RemainingWork, now: float, releases
     return forecast(machines, law, pending, now_s=now, started_at_s=snap.started_at_s,
                     spent_usd=closed_spend_usd(snap, now), rng=rng, replicates=ctl.config.promise_replicates,
                     fit_ref_s=fit, horizon_at_s=horizon_at_s, keep_margin=keep,
-                    end_allowance_s=ctl.planner.options.phi_s)
+                    end_allowance_s=ctl.planner.options.phi_s, tail_ref_s=tail_ref_s,
+                    deadline_at_s=snap.started_at_s + float(ctl.goal.value) if ctl.goal.kind == "deadline" else None)
+
+
+TAIL_RISK_SHARE = 0.1  # of delta: the high quantile a task started near a deadline must fit
+
+
+def tail_size_ref_s(snap: Snapshot, rem: RemainingWork, confidence: float) -> float | None:
+    """The runtime a task without an estimate stays under with probability
+    ``1 - TAIL_RISK_SHARE x delta`` (99% at 90% confidence: with ten such tasks started in
+    the deadline's last window, the chance one of them overruns stays within delta), from
+    the same law as the promise; None when every task has an estimate."""
+    if snap.pending.unknown_count == 0:
+        return None
+    return runtime_law(snap, rem).quantile(1.0 - TAIL_RISK_SHARE * (1.0 - confidence))

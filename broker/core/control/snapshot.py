@@ -179,3 +179,6 @@ class Memory:
     # Deadline goals: how much earlier than the user's deadline the plans aim, so that the
     # makespan's (1 - delta) quantile, not its mean, meets it (broker.core.plan.promise.hold_deadline).
     tail_allowance_s: float = 0.0
+    # Deadline goals: a high quantile of a task without an estimate (reference seconds): a
+    # slot takes such a task only if it would end by the deadline there (dispatch.tail_limit_ref).
+    tail_size_ref_s: float | None = None

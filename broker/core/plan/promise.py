@@ -164,6 +164,9 @@ class Forecast:
     makespans_s: np.ndarray
     costs_usd: np.ndarray
     fallbacks: int = 0  # running tasks older than every observation (cap used)
+    # When the tasks running now end (from the run's start), whatever else is bought: the
+    # part of the makespan no capacity can shorten (None: nothing runs).
+    running_ends_s: np.ndarray | None = None
 
     def makespan_quantile(self, q: float) -> float:
         return float(np.quantile(self.makespans_s, q))
@@ -210,6 +213,8 @@ def forecast(
     horizon_at_s: float | None = None,
     keep_margin: float | tuple[float, float] = 0.05,
     end_allowance_s: float = 300.0,
+    deadline_at_s: float | None = None,
+    tail_ref_s: float | None = None,
 ) -> Forecast:
     """Simulate the rest of the run ``replicates`` times; see the module docstring.
 
@@ -221,6 +226,8 @@ def forecast(
     between the two in each replicate, for a controller whose margin narrows as it learns),
     counting a slot's
     capacity as the controller does, less ``end_allowance_s`` and half a mean task (:func:`_shed`).
+    ``deadline_at_s``, ``tail_ref_s``: the dispatcher's straggler rule: a slot slower than
+    the fastest takes no task once ``tail_ref_s`` would not end there by the deadline.
     """
     R = int(replicates)
     slots = _slot_table(machines)
@@ -248,6 +255,11 @@ def forecast(
         start = busy + end_allowance_s + 0.5 * laws.mean[:, None] / speed
         rel = _shed(machines, slots, rel, busy, start, speed, need, horizon_at_s, now_s)
     planned_rel = rel.copy()
+    if deadline_at_s is not None and tail_ref_s is not None:
+        # a task of the fit size fits before ``cutoff`` iff its high quantile ends by the deadline
+        slow = speed < speed.max(axis=1, keepdims=True)
+        cutoff = deadline_at_s - max(tail_ref_s - fit_u, 0.0) / speed
+        rel = np.where(slow, np.minimum(rel, cutoff), rel)
     free, rel = _after_bulk(work, bulk.size > 0, rel, laws, speed, busy, rng)
     fit = np.where(np.isnan(tail), fit_u, tail)
     ends, last_start, last_ref = _list_schedule(free, rel, speed, x, fit)
@@ -255,7 +267,8 @@ def forecast(
     makespan = np.max(np.where(np.isfinite(ends), ends, -np.inf), axis=1)
     makespan = np.maximum(makespan, now_s)
     cost = spent_usd + _charges(machines, slots, ends, makespan, planned_rel, started_at_s)
-    return Forecast(makespan - started_at_s, cost, fallbacks)
+    running = np.where(np.isfinite(busy), busy, -np.inf).max(axis=1) - started_at_s
+    return Forecast(makespan - started_at_s, cost, fallbacks, running)
 
 
 def _shed(machines, slots, rel, busy, start, speed, need, horizon_at_s: float, now_s: float) -> np.ndarray:
