@@ -106,7 +106,8 @@ def update_promise(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
         return memory
     why = ("first plan" if memory.first_promise is None else f"re-plan ({cause or 'replan'})") + (
         f": {rem.pending} tasks pending, {rem.running} running, {rem.point_ref_s:.4g} ref-s of work left")
-    promise = f.promise(conf, why)
+    band = (rem.upper_ref_s - rem.point_ref_s) / max(rem.point_ref_s, 1e-9)
+    promise = f.promise(conf, why, tolerance=min(ctl.config.hysteresis, max(ctl.config.hysteresis_min, band)))
     memory = replace(memory, promise=promise, promise_at_s=now,
                      first_promise=memory.first_promise if memory.first_promise is not None else promise)
     if ctl.goal.kind == "deadline" and memory.deadline_at_s is not None:

@@ -167,6 +167,8 @@ class Forecast:
     # When the tasks running now end (from the run's start), whatever else is bought: the
     # part of the makespan no capacity can shorten (None: nothing runs).
     running_ends_s: np.ndarray | None = None
+    elapsed_s: float = 0.0  # the forecast's moment, from the run's start
+    spent_usd: float = 0.0  # what is already spent for good (terminated instances)
 
     def makespan_quantile(self, q: float) -> float:
         return float(np.quantile(self.makespans_s, q))
@@ -174,14 +176,23 @@ class Forecast:
     def cost_quantile(self, q: float) -> float:
         return float(np.quantile(self.costs_usd, q))
 
-    def promise(self, confidence: float, why: str | None = None) -> Promise:
+    def promise(self, confidence: float, why: str | None = None, tolerance: float = 0.0) -> Promise:
+        """Medians and central ``confidence`` intervals. ``tolerance``: the relative change of
+        the work the controller lets pass without acting (its hysteresis band): what is still
+        to come may end that much either side of where the forecast's fleet puts it, so each
+        bound moves away from the point by that share of what is left (time after
+        ``elapsed_s``, spend beyond ``spent_usd``)."""
         lo, hi = (1 - confidence) / 2, 1 - (1 - confidence) / 2
         m, c = self.makespans_s, self.costs_usd
+
+        def band(x, base):
+            a, b = float(np.quantile(x, lo)), float(np.quantile(x, hi))
+            return a - tolerance * max(a - base, 0.0), b + tolerance * max(b - base, 0.0)
+
         return Promise(
             confidence=confidence,
             makespan_s=float(np.median(m)), cost_usd=float(np.median(c)),
-            makespan_s_range=(float(np.quantile(m, lo)), float(np.quantile(m, hi))),
-            cost_usd_range=(float(np.quantile(c, lo)), float(np.quantile(c, hi))),
+            makespan_s_range=band(m, self.elapsed_s), cost_usd_range=band(c, self.spent_usd),
             why=why,
         )
 
@@ -268,7 +279,7 @@ def forecast(
     makespan = np.maximum(makespan, now_s)
     cost = spent_usd + _charges(machines, slots, ends, makespan, planned_rel, started_at_s)
     running = np.where(np.isfinite(busy), busy, -np.inf).max(axis=1) - started_at_s
-    return Forecast(makespan - started_at_s, cost, fallbacks, running)
+    return Forecast(makespan - started_at_s, cost, fallbacks, running, now_s - started_at_s, spent_usd)
 
 
 def _shed(machines, slots, rel, busy, start, speed, need, horizon_at_s: float, now_s: float) -> np.ndarray:
