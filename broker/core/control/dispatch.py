@@ -67,7 +67,12 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
     mean, fit_size = mean_and_fit
     fit_rule = ctl.config.policy == Policy.BROKER or BASELINES[ctl.config.policy].fit_rule
     ready = sorted((n for n in snap.nodes_with_free_slots() if n.ready(now)), key=lambda n: (-n.speed, n.id))
-    fastest = max((n.speed for n in snap.nodes if not n.lost), default=0.0)
+    fastest = 0.0  # the straggler rule's fastest speed: 0 while no ready slot is near the deadline
+    tail = memory.tail_size_ref_s
+    if ctl.goal.kind == "deadline" and tail is not None and ready:
+        left = snap.started_at_s + float(ctl.goal.value) - now
+        if left * ready[-1].speed < tail:  # the slowest ready slot is in the deadline's last window
+            fastest = max(n.speed for n in snap.nodes if not n.lost)
     idle_slots: list[tuple[NodeView, int, float]] = []
     for node in ready:
         if len(node.running) >= node.slots:
@@ -114,7 +119,8 @@ def tail_limit_ref(ctl: Controller, snap: Snapshot, memory: Memory, node: NodeVi
     deadline: ``now + tail / speed <= deadline``. A 6-hour task started two hours before
     the deadline on a slot of speed 1 decides the makespan; on a slot 2.5 times as fast it
     does not. Expressed as a limit in the pool's terms (unknown tasks count as
-    ``fit_size``). The fastest slots of the fleet take work regardless: something must."""
+    ``fit_size``). The fastest slots of the fleet take work regardless: something must
+    (``fastest`` 0: no slot is near the deadline, no limit)."""
     tail = memory.tail_size_ref_s
     if ctl.goal.kind != "deadline" or tail is None or node.speed >= fastest:
         return math.inf

@@ -18,8 +18,9 @@ Two rules, each small, each saying what it buys:
   a long task started late), the allowance grows by the overshoot and the next re-plan
   comes early: more capacity, bought when the risk says so.
 
-A forecast costs tens of milliseconds, so it is made at the first plan, whenever a decision
-launches, and otherwise at most every ``promise_every_s``. Its random draws come from a
+A forecast costs tens of milliseconds (a few tenths of a second for 200 machines), so it is
+made at the first plan (``promise_replicates`` replicates), whenever a decision launches,
+and otherwise at most every ``promise_every_s`` (refreshes with half the replicates). Its random draws come from a
 generator seeded by the moment and the tasks done, so a decision stays a function of its
 inputs and the controller's own random stream is left alone.
 """
@@ -100,8 +101,11 @@ def update_promise(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
     conf = ctl.config.confidence
     if ctl.goal.kind == "deadline":
         memory = replace(memory, tail_size_ref_s=tail_size_ref_s(snap, rem, conf))
+    # the first promise with every replicate; refreshes with half (a forecast of a large
+    # fleet costs a fraction of a second, and a refresh corrects the last one)
+    reps = ctl.config.promise_replicates if memory.first_promise is None else ctl.config.promise_replicates // 2
     f = forecast_fleet(ctl, snap, rem, now, dict(s.release), launches, promise_rng(snap, now), horizon,
-                       memory.tail_size_ref_s)
+                       memory.tail_size_ref_s, replicates=reps)
     if f is None:
         return memory
     why = ("first plan" if memory.first_promise is None else f"re-plan ({cause or 'replan'})") + (

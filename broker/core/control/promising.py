@@ -88,7 +88,8 @@ def closed_spend_usd(snap: Snapshot, now: float) -> float:
 
 def forecast_fleet(ctl, snap: Snapshot, rem: RemainingWork, now: float, releases: Mapping[str, float],
                    launches: Sequence[tuple[str, int, float]], rng: np.random.Generator,
-                   horizon_at_s: float | None = None, tail_ref_s: float | None = None) -> Forecast | None:
+                   horizon_at_s: float | None = None, tail_ref_s: float | None = None,
+                   replicates: int | None = None) -> Forecast | None:
     """The forecast of the run with this fleet (None when there is no machine at all);
     ``horizon_at_s``: the planning deadline the controller sheds surplus against."""
     machines = fleet_after(snap, now, releases, launches, ctl.private)
@@ -104,7 +105,8 @@ def forecast_fleet(ctl, snap: Snapshot, rem: RemainingWork, now: float, releases
     h = min(ctl.config.hysteresis, max(ctl.config.hysteresis_min, band))
     keep = (ctl.config.hysteresis_min, max((1 + band) * (1 + h) - 1, ctl.config.hysteresis_min))
     return forecast(machines, law, pending, now_s=now, started_at_s=snap.started_at_s,
-                    spent_usd=closed_spend_usd(snap, now), rng=rng, replicates=ctl.config.promise_replicates,
+                    spent_usd=closed_spend_usd(snap, now), rng=rng,
+                    replicates=ctl.config.promise_replicates if replicates is None else replicates,
                     fit_ref_s=fit, horizon_at_s=horizon_at_s, keep_margin=keep,
                     end_allowance_s=ctl.planner.options.phi_s, tail_ref_s=tail_ref_s,
                     deadline_at_s=snap.started_at_s + float(ctl.goal.value) if ctl.goal.kind == "deadline" else None)
