@@ -187,6 +187,16 @@ def summarise(rows: list[Row], which: str) -> dict:
     return out
 
 
+def _commit() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
 def pct(x) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
 
@@ -202,7 +212,8 @@ def main() -> None:
     names = [s for s in args.scenarios.split(",") if s]
     print(f"$ python3 bench/promises.py --seeds {args.seeds} --tasks {args.tasks} --scenarios {','.join(names)} "
           f"--confidence {args.confidence:g}")
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"load average {os.getloadavg()[0]:.1f} at the start; code at {_commit()}")
     t0 = time.perf_counter()
     deadlines = {s: deadline_for(build(s, 10, 0)[0], expected_work(s, args.tasks)) for s in names}
     jobs = [(s, args.tasks, seed, deadlines[s], args.confidence) for s in names for seed in range(1, args.seeds + 1)]
