@@ -488,6 +488,11 @@ class _Printer:
         if request.memory.planned_makespan_s is not None:
             print(f"plan: makespan {format_duration(request.memory.planned_makespan_s)} (run time), "
                   f"cost ${request.memory.planned_cost_usd:.2f}", file=self.out, flush=True)
+        if request.memory.promise is not None:  # before anything is bought: what can be promised
+            print(f"promise: {request.memory.promise.text()}", file=self.out, flush=True)
+        note = request.memory.last_note
+        if note and note.startswith("deadline"):  # cannot be met, or not at the confidence
+            print(f"warning: {note}", file=self.out, flush=True)
         self.plan_shown = True
 
     def confirm(self, request) -> bool:
