@@ -34,6 +34,7 @@ import numpy as np
 
 from ..plan.promise import hold_deadline
 from .actions import Launch
+from .causes import LaunchCause
 from .estimates import RemainingWork
 from .planning import PlanResult
 from .promising import forecast_fleet, tail_size_ref_s
@@ -84,7 +85,7 @@ def hold_first_deadline(ctl: Controller, snap: Snapshot, memory: Memory, now: fl
         q = held.forecast.makespan_quantile(conf)
         note = (f"deadline at risk: no plan finishes by the deadline with {100 * conf:g}% confidence; the best "
                 f"does by {q:.0f} s from the start ({held.forecast.promise(conf).text()})")
-        result = replace(result, cause="deadline_at_risk", reason=note)
+        result = replace(result, cause=LaunchCause.DEADLINE_AT_RISK, reason=note)
     return result, memory
 
 
