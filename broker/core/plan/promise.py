@@ -10,21 +10,20 @@ release, largest estimate first, tasks without one in the bag's random order).
 Uncertainty in a replicate ``r`` (notation: ``F`` the runtime distribution in reference
 seconds, ``n_o`` the runtimes it was estimated from):
 
-- **the mean** (sampling error of F): every runtime of the replicate is scaled by
-  ``m_r = exp(e_r sqrt(log(1 + c^2)) - log(1 + c^2) / 2)``, ``e_r ~ N(0, 1)``, with
-  ``c = sd(F) / (mean(F) sqrt(n_o))`` the relative standard error of the mean (a lognormal
-  multiplier of mean 1, so it never goes negative); for tasks with the bag's estimates
-  ``c`` is the standard error of the correction ratio actual/estimate;
-- **the spread and the tail** of the tasks' own runtimes: each task's runtime is a draw
-  ``X = m_r F^-1(U)`` (``F`` a discrete distribution: the Kaplan-Meier product-limit
-  estimate over finished tasks and the running ones as censored, with the mass the data
-  leave unresolved put at the cap, ``broker.core.estimate.survival``; or, with a stated
-  mean and sd only, a lognormal with those moments on 4,096 quantile atoms); a task with an
-  estimate ``e`` runs ``e m_r exp(N(0, s_r^2))`` with ``s_r`` the relative error of the
-  estimates;
-- **running tasks**: one of age ``a`` still needs ``X - a`` with ``X ~ F`` conditioned on
-  ``X > a`` (the conditional atoms); when no observed runtime is longer than ``a`` only the
-  cap speaks for it: ``cap - a`` (conservative, flagged in ``Forecast.fallbacks``);
+- **the mean and the shape of F** (its sampling error): an observed law (Kaplan-Meier over
+  finished tasks with the running ones censored, ``broker.core.estimate.survival``) is
+  re-weighed in each replicate by a Bayesian bootstrap, its mean moved to the bootstrap-t
+  reading (``law.py``); a stated law (a lognormal of a given mean and sd on 4,096 quantile
+  atoms) is scaled by ``m_r = exp(e_r sqrt(log(1 + c^2)) - log(1 + c^2) / 2)``,
+  ``e_r ~ N(0, 1)``, ``c`` the relative standard error of its mean;
+- **the spread and the tail** of the tasks' own runtimes: each task's runtime is a draw of
+  the replicate's law; a single task may also outrun everything seen (the unseen tail,
+  ``law.py``); a task with an estimate ``e`` runs ``e rho_r exp(N(0, s_r^2) - s_r^2 / 2)``
+  with ``s_r`` the relative error of the estimates and ``rho_r`` the correction ratio drawn
+  around its value with its standard error; no draw exceeds the cap (the timeout);
+- **running tasks**: one of age ``a`` still needs ``X - a`` with ``X`` conditioned on
+  ``X > a`` (the conditional atoms); when no runtime seen is longer than ``a``, an
+  exponential remainder (``law.py``), flagged in ``Forecast.fallbacks``;
 - **boot delays and billing rounding** are carried out exactly: a slot starts at its ready
   time; an instance is charged by its billing model from launch to
   ``max(e_i, min(r_i, M))``, with ``e_i`` its last task's end and ``M`` the end of the bag
@@ -48,14 +47,22 @@ and slot ``j`` is next free at ``t_b + rho_j / s_j``. The last
 replicates. Work past every release (the plan was short in this replicate) runs on the
 slot free first, as the controller would extend or buy; this replicate then overruns.
 
-Tail replication, as the controller does it: a task still running past its assumed size
-(the fit size, F's 90% quantile) is copied to a free slot more than twice as fast and the
-first result wins; applied to the three tasks that end last.
+The controller's own rules, carried out per replicate. With a planning deadline ``H``
+(every goal but a budget) it sheds the capacity the replicate's work does not need by ``H``
+(whole billing units, the instance leaving first pulled in furthest, a ``keep_margin``
+kept), or keeps its instances on up to ``H`` when the work needs more (:func:`_shed`,
+:func:`_lengthen`). Near a user's deadline a slot slower than the fastest takes no task
+whose high quantile (``tail_ref_s``) would end after the deadline there. Tail
+replication: a task still running past its assumed size (the fit size, F's 90% quantile)
+is copied to a free slot more than twice as fast and the first result wins; applied to
+the three tasks that end last.
 
 A replicate gives makespan ``M_r`` (from the run's start) and cost ``C_r`` = spend already
 closed + every live or planned instance's charge + private nodes' hourly cost times
 ``M_r``. The promise is the median and the central ``1 - delta`` interval
-``[q_{delta/2}, q_{1 - delta/2}]`` of each; a deadline ``T`` is held at confidence
+``[q_{delta/2}, q_{1 - delta/2}]`` of each, each bound moved away by the controller's
+hysteresis band times what is still to come (``Forecast.promise``: a change of the work
+smaller than the band is not acted on); a deadline ``T`` is held at confidence
 ``1 - delta`` when ``q_{1 - delta}(M) <= T`` (:func:`hold_deadline`).
 
 Pure: numpy only, a seeded generator passed in, no clock.
