@@ -78,3 +78,20 @@ def test_a_finished_run_directory_is_not_run_again(tmp_path, run_dir):  # noqa: 
     assert again.returncode == 2
     assert "already ended (finished)" in again.stderr
     assert query(run_dir, "SELECT count(*) FROM run") == [(1,)]
+
+
+def test_run_that_misses_its_deadline_exits_1_and_says_by_how_much(tmp_path, run_dir):  # noqa: F811
+    """Regression: ``broker run --deadline 1s`` ran the fastest plan, missed by minutes and
+    exited 0 (README: exit 1 when the goal failed)."""
+    (tmp_path / "inv.yaml").write_text(LOCAL_ONLY)
+    (tmp_path / "bag.yaml").write_text("command: \"sleep 0.3 && true {x}\"\nsweep:\n  x: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]"
+                                       "\ntimeout: 20s\n")
+    done = broker("run", "--dry-run", "--yes", "--json-report", "--deadline", "1s", "--inventory",
+                  str(tmp_path / "inv.yaml"), str(tmp_path / "bag.yaml"), "--run-dir", str(run_dir))
+    assert done.returncode == 1, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["tasks"]["done"] == 12 and report["makespan_s"] > 1.0  # all done, but late
+    assert report["goal"]["met"] is False
+    assert report["goal"]["summary"].startswith("deadline 1s missed by ")
+    # said before anything ran: what can be promised, and that the deadline cannot be
+    assert "promise: done in" in done.stderr and "warning: deadline cannot be met" in done.stderr

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.cli.verdict import late_but_done  # a late end exits 1 (issue 16); these tests check other things
 from broker.shells.local_transport import local_agent_pid
 from broker.shells.moto_world import DEFAULT_REGION, fake_aws_environment, find_moto_server, server_client
 from broker.shells.nodes import agent_dir
@@ -178,7 +179,7 @@ def test_a_type_refused_for_capacity_or_limit_is_avoided_and_the_run_replans_ont
     # tasks there is nothing left to re-plan for by then.
     inv, bag = write_inputs(tmp_path, task_s=LONG_TASK_S)
     done = broker(*run_args(inv, bag, run_dir), faults=spec, keep_moto=True)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0 or late_but_done(done.stdout), done.stderr[-3000:]
     assert injected(run_dir) == [("RunInstances", kind)]
     [failed] = events(run_dir, "instance.launch_failed")
     assert (failed["type"], failed["kind"], failed["launched"]) == ("c5.large", kind, 0)
@@ -200,7 +201,7 @@ def test_throttles_timeouts_and_lost_responses_are_retried_and_never_launch_twic
     spec = ("throttle:RunInstances:2,timeout:RunInstances:1,lost_response:RunInstances:1,"
             "request_limit:TerminateInstances:1,timeout:TerminateInstances:1")
     done = broker(*run_args(inv, bag, run_dir), faults=spec, keep_moto=True)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0 or late_but_done(done.stdout), done.stderr[-3000:]
     assert injected(run_dir) == [("RunInstances", "throttle"), ("RunInstances", "throttle"),
                                  ("RunInstances", "read_timeout"), ("RunInstances", "lost_response"),
                                  ("TerminateInstances", "throttle"), ("TerminateInstances", "read_timeout")]
@@ -221,7 +222,7 @@ def test_throttles_timeouts_and_lost_responses_are_retried_and_never_launch_twic
 def test_a_partial_launch_is_topped_up_on_another_type(tmp_path, run_dir):
     inv, bag = write_inputs(tmp_path, task_s=LONG_TASK_S)  # see the test above
     done = broker(*run_args(inv, bag, run_dir), faults="partial:c5.large", keep_moto=True)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0 or late_but_done(done.stdout), done.stderr[-3000:]
     assert injected(run_dir) == [("RunInstances", "partial")]
     [short] = events(run_dir, "instance.launch_failed")
     assert short["kind"] == "partial" and short["type"] == "c5.large"
@@ -305,7 +306,7 @@ def test_a_killed_agent_has_its_tasks_requeued_within_one_tick_and_each_done_onc
                 os.kill(orphan, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    assert proc.returncode == 0, err[-3000:]
+    assert proc.returncode == 0 or late_but_done(out), err[-3000:]
     outcome = {(t, a): o for t, a, o in query(run_dir, "SELECT task_id, attempt, outcome FROM attempts")}
     cut = {key for key in running if outcome[key] != "ok"}  # not finished just before the kill
     assert cut, f"the kill should cut an attempt short: {running} -> {[outcome[k] for k in running]}"
@@ -510,7 +511,7 @@ def test_losing_every_instance_at_once_does_not_end_a_run_the_budget_can_still_p
         if proc.poll() is None:
             proc.kill()
             proc.communicate(timeout=30)
-    assert proc.returncode == 0, out[-2000:] + err[-2000:]
+    assert proc.returncode == 0 or late_but_done(out), out[-2000:] + err[-2000:]
     lost = {e["node"] for e in events(run_dir, "node.lost")}
     assert set(victims) <= lost
     last_loss = max(wall_s(e) for e in events(run_dir, "node.lost"))

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from broker.cli.verdict import late_but_done
+
 REPO = Path(__file__).resolve().parent.parent
 INVENTORY = REPO / "inventory.yaml"
 SWEEP = REPO / "examples" / "sweep.yaml"
@@ -103,7 +105,8 @@ def wait_for_event(proc: subprocess.Popen, run_dir: Path, name: str, key: str, t
 def test_sweep_runs_every_task_once_and_terminates_every_instance(run_dir):
     done = broker("run", "--dry-run", "--yes", "--deadline", "6m", "--inventory", str(INVENTORY), str(SWEEP),
                   "--run-dir", str(run_dir))
-    assert done.returncode == 0, done.stderr[-3000:]
+    # a loaded machine makes a dry run late (its clock runs 60x the wall): that exits 1, and is all it may do
+    assert done.returncode == 0 or late_but_done(done.stdout), done.stderr[-3000:]
     # The plan table came before the launch question, and the report at the end.
     out = done.stdout
     assert out.index("makespan") < out.index("Launch ") < out.index("proposed")

@@ -73,6 +73,9 @@ def test_scrapes_during_a_dry_run_follow_its_progress(observed_dry_run):
         # Each task sleeps 0.25 s at time scale 60: at least 15 reference seconds on the speed-1
         # local node (more on an instance of speed 1.5, and more when the machine is slow).
         assert mean > 12
+        low, point, high = (value(s, "broker_promise_makespan_seconds", bound=b) for b in ("low", "point", "high"))
+        assert 0 < low <= point <= high  # the run's promise, with its interval
+        assert value(s, "broker_promise_confidence") == 0.9
     assert max(value(s, "broker_samples") for s in during) == len(run.events("sample.done"))
     plans = run.events("plan.solved")
     assert value(planned[-1], "broker_planned_makespan_seconds") in {p["makespan_s"] for p in plans}
@@ -89,7 +92,10 @@ def _journal_with_a_plan(run_dir: Path, *, start: float) -> None:
     j.record_launch("i-1", "c5.large", launched_at_s=start + 5, price_per_hour=0.5, billing=Billing.hourly(),
                     state="running")
     j.record_launch("i-2", "c5.large", launched_at_s=start + 5, price_per_hour=0.5, billing=Billing.hourly())
-    j.record_plan(makespan_s=1000.0, cost_usd=1.0, fleet={"c5.large": 2}, chosen={}, reason="initial", at_s=start + 200)
+    promise = {"confidence": 0.9, "makespan_s": 950.0, "makespan_s_range": [900.0, 1100.0], "cost_usd": 1.0,
+               "cost_usd_range": [0.9, 1.5]}
+    j.record_plan(makespan_s=1000.0, cost_usd=1.0, fleet={"c5.large": 2}, chosen={"promise": promise},
+                  reason="initial", at_s=start + 200)
     j.record_event("plan.solved", {"makespan_s": 1000.0, "cost_usd": 1.0, "work_ref_s": 300.0,
                                    "work_upper_ref_s": 400.0, "mean_ref_s": 30.0}, at_s=start + 200)
     j.close()
@@ -121,6 +127,10 @@ def test_collector_figures_on_a_known_journal(tmp_path):
     assert value(s, "broker_predicted_makespan_seconds", bound="expected") == pytest.approx(200 + 800 * 300 / 400)
     assert value(s, "broker_predicted_makespan_seconds", bound="low") == pytest.approx(200 + 800 * 200 / 400)
     assert value(s, "broker_mean_runtime_estimate_seconds") == 30.0
+    # the promise standing: the last plan's
+    assert [value(s, "broker_promise_makespan_seconds", bound=b) for b in ("low", "point", "high")] == [900, 950, 1100]
+    assert [value(s, "broker_promise_cost_usd", bound=b) for b in ("low", "point", "high")] == [0.9, 1.0, 1.5]
+    assert value(s, "broker_promise_confidence") == 0.9
     assert interval_level() == pytest.approx(math.erf(1.645 / math.sqrt(2)))
 
 

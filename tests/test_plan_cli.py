@@ -31,7 +31,10 @@ def test_json_prints_exactly_one_object_with_the_documented_keys(inventory, caps
     out = capsys.readouterr().out
     assert rc == 0
     obj = json.loads(out)  # raises if there is anything but one JSON document
-    assert set(obj) == {"work", "front", "cheapest", "chosen", "solve_ms"}
+    assert set(obj) == {"work", "front", "cheapest", "chosen", "promise", "solve_ms"}
+    p = obj["promise"]  # makespan and cost as points and 90% intervals
+    assert set(p) == {"confidence", "makespan_s", "makespan_s_range", "cost_usd", "cost_usd_range"}
+    assert p["confidence"] == 0.9 and p["makespan_s_range"][0] <= p["makespan_s"] <= p["makespan_s_range"][1]
     assert set(obj["work"]) == {"tasks", "mean_ref_s", "total_ref_s", "planned_ref_s"}
     assert obj["work"] == {"tasks": 200, "mean_ref_s": 300.0, "total_ref_s": 60000.0, "planned_ref_s": 60000.0}
     assert obj["front"] and all(set(row) == {"makespan_s", "cost_usd", "fleet"} for row in obj["front"])
@@ -100,3 +103,19 @@ def test_plot_writes_a_png(inventory, tmp_path, capsys):
                "--plot", str(png)])
     assert rc == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_deadline_is_held_at_the_confidence_or_refused_with_what_can_be_promised(inventory, capsys):
+    """A deadline plan is the cheapest whose makespan's 90% quantile meets the deadline; one
+    that can only be met on average is refused (exit 1) with the promise that can be made."""
+    args = ["plan", "--inventory", inventory, "--tasks", "400", "--mean-runtime", "5m", "--runtime-sd", "5m", "--json"]
+    rc = main(args + ["--deadline", "3h"])
+    obj = json.loads(capsys.readouterr().out)
+    assert rc == 0 and obj["promise"]["makespan_s"] <= 3 * 3600
+    fastest = obj["front"][0]["makespan_s"]
+    rc = main(args + ["--deadline", f"{int(fastest) + 1}s"])
+    captured = capsys.readouterr()
+    obj = json.loads(captured.out)
+    assert rc == 1
+    assert "cannot be promised with 90% confidence" in captured.err
+    assert obj["promise"]["makespan_s"] > 0

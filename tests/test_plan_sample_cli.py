@@ -50,7 +50,7 @@ def test_json_is_one_object_with_the_sample_and_the_remaining_tasks(files, capsy
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     document = json.loads(captured.out)  # fails unless stdout is exactly one JSON document
-    assert set(document) == {"work", "front", "cheapest", "chosen", "solve_ms", "sample"}
+    assert set(document) == {"work", "front", "cheapest", "chosen", "promise", "solve_ms", "sample"}
     sample = document["sample"]
     assert set(sample) == {"rule", "samples", "mean_ref_s", "eps", "delta", "capped", "exact"}
     assert sample["rule"] == "bats" and sample["samples"] == 30

@@ -55,7 +55,9 @@ def test_human_report_is_what_broker_run_printed_at_its_end(observed_dry_run, ca
     assert run.returncode == 1  # a task failed for good
     assert main(["report", str(run.run_dir)]) == 0
     text = capsys.readouterr().out.strip()
-    assert text and run.stdout.rstrip().endswith(text)
+    printed = run.stdout.rstrip().splitlines()
+    assert printed[-1].startswith("deadline ")  # the goal's verdict comes last, after the report
+    assert text and "\n".join(printed[:-1]).endswith(text)
     lines = text.splitlines()
     assert lines[1].split() == ["proposed", "delivered", "deviation"]
     assert lines[2].split()[0] == "makespan" and lines[3].split()[0] == "cost"

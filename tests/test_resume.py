@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.cli.verdict import late_but_done  # a late end exits 1 (issue 16); these tests check other things
 from broker.shells.moto_world import DEFAULT_REGION, fake_aws_environment, find_moto_server, server_client
 from tests.test_dryrun import REPO, agent_pids, query
 
@@ -153,7 +154,7 @@ def test_killed_daemon_resumes_reattaches_its_agents_and_records_every_task_once
     done_before = {t for (t,) in query(run_dir, "SELECT id FROM tasks WHERE state = 'done'")}
 
     resumed = broker(*run_args(inv, bag, run_dir))
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.returncode == 0 or late_but_done(resumed.stdout), resumed.stderr[-3000:]
     assert "resuming run" in resumed.stdout and "10 done, 0 failed, 0 left of 10" in resumed.stdout
     assert_every_task_done_once(run_dir, 10)
     [resume] = journal_events(run_dir, "run.resume")
@@ -182,7 +183,7 @@ def test_instances_launched_before_their_journal_row_are_adopted_and_released(tm
     assert query(run_dir, "SELECT kind, state FROM actions") == [("launch", "intended")]
 
     resumed = broker(*run_args(inv, bag, run_dir), keep_moto=True)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.returncode == 0 or late_but_done(resumed.stdout), resumed.stderr[-3000:]
     adopted = [e["instance_id"] for e in journal_events(run_dir, "instance.launch") if e["cause"] == "adopted_on_resume"]
     assert sorted(adopted) == sorted(in_ec2)
     assert query(run_dir, "SELECT state FROM actions WHERE seq = 1") == [("done",)]
@@ -239,7 +240,7 @@ def test_instance_terminated_from_outside_is_lost_and_its_tasks_requeued(tmp_pat
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err[-3000:]
+    assert proc.returncode == 0 or late_but_done(out), err[-3000:]
     lost = [e for e in journal_events(run_dir, "node.lost") if e["node"] == victim]
     assert lost and "terminated outside the broker" in lost[0]["reason"]
     # Its attempts ended as lost and their tasks ran again elsewhere.
@@ -277,7 +278,7 @@ def test_on_stop_leave_keeps_the_run_going_and_a_resume_finishes_it(tmp_path, ru
     assert set(event["instances"]) == left
 
     resumed = broker(*run_args(inv, bag, run_dir))
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.returncode == 0 or late_but_done(resumed.stdout), resumed.stderr[-3000:]
     assert_every_task_done_once(run_dir, 10)
     assert_nothing_left(run_dir)
     assert find_moto_server(run_dir) is None

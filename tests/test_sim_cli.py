@@ -17,7 +17,7 @@ aws:
     - {name: small, slots: 1, speed: 1, price: 0.08, limit: 3}
 """
 KEYS = {"policy", "makespan_s", "cost_usd", "planned", "budget_usd", "deadline_s", "tasks", "samples",
-        "instances", "sim_wall_s"}
+        "instances", "sim_wall_s", "goal", "promise"}
 
 
 @pytest.fixture()
@@ -47,6 +47,11 @@ def test_json_is_one_object_with_the_documented_keys(inventory, capsys):
     assert obj["planned"]["makespan_s"] <= 7200.0 and obj["makespan_s"] <= 7200.0
     assert obj["cost_usd"] > 0 and obj["sim_wall_s"] >= 0
     assert obj["instances"]["max_concurrent"] <= obj["instances"]["launched"] <= 5
+    p = obj["promise"]  # the first promise, next to what was delivered
+    assert set(p) == {"confidence", "makespan_s", "makespan_s_range", "cost_usd", "cost_usd_range"}
+    assert p["confidence"] == 0.9
+    assert p["makespan_s_range"][0] <= p["makespan_s"] <= p["makespan_s_range"][1]
+    assert p["cost_usd_range"][0] <= p["cost_usd"] <= p["cost_usd_range"][1]
 
 
 def test_the_same_seed_gives_the_same_object(inventory, capsys):
@@ -169,3 +174,25 @@ def test_on_a_terminal_progress_is_a_live_bar_redrawn_at_most_five_times_a_secon
     assert "simulating" in last and "999/1,000 16h39m of virtual time, $9.99 committed" in last
     assert "━" in last  # rich's bar
     assert term.text.endswith("\n") or term.text.endswith("\x1b[?25h")
+
+
+def test_a_missed_deadline_exits_1_and_says_by_how_much(inventory, capsys):
+    """Regression: a simulated run that finished every task after its deadline exited 0."""
+    rc, obj, _ = simulate_json(capsys, "--inventory", inventory, "--workload", "long", "--tasks", "40",
+                               "--deadline", "20m", "--seed", "1")
+    assert obj["tasks"]["left"] == 0 and obj["makespan_s"] > 1200.0  # every task done, late
+    assert rc == 1
+    assert obj["goal"]["met"] is False and obj["goal"]["summary"].startswith("deadline 20m00s missed by ")
+    rc = main(["simulate", "--inventory", inventory, "--workload", "long", "--tasks", "40", "--deadline", "20m",
+               "--seed", "1"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "deadline 20m00s missed by " in out
+
+
+def test_confidence_sets_the_promise_and_bad_values_are_refused(inventory, capsys):
+    rc, obj, _ = simulate_json(capsys, "--inventory", inventory, "--workload", "short", "--tasks", "60",
+                               "--deadline", "2h", "--seed", "3", "--confidence", "0.5")
+    assert obj["promise"]["confidence"] == 0.5
+    rc = main(["simulate", "--inventory", inventory, "--workload", "short", "--deadline", "2h", "--confidence", "1"])
+    assert rc == 2
+    assert "--confidence: must lie strictly between 0 and 1" in capsys.readouterr().err

@@ -93,6 +93,9 @@ def add_goal_arguments(parser: argparse.ArgumentParser) -> None:
     goal.add_argument("--budget", metavar="USD", help="finish as soon as possible spending at most this")
     goal.add_argument("--point", metavar="K", help="the K-th row of the printed front")
     goal.add_argument("--theta", metavar="X", help="weight 0..1 between time (0, fastest) and cost (1, cheapest)")
+    parser.add_argument("--confidence", metavar="C", default="0.9",
+                        help="the promise's confidence 1 - delta: makespan and cost come with a C interval, and a "
+                        "deadline is held with probability C (default 0.9)")
 
 
 def goal_from_args(args: argparse.Namespace) -> Goal | None:
@@ -115,6 +118,13 @@ def goal_from_args(args: argparse.Namespace) -> Goal | None:
     if getattr(args, "theta", None) is not None:
         return Goal("theta", _number("--theta", args.theta, 0.0, 1.0))
     return None
+
+
+def confidence_from_args(args: argparse.Namespace) -> float:
+    value = _number("--confidence", str(getattr(args, "confidence", "0.9")), 0.0, 1.0)
+    if not 0.0 < value < 1.0:
+        raise UsageError(f"--confidence: must lie strictly between 0 and 1, got {args.confidence!r}")
+    return value
 
 
 def _number(flag: str, text: str, lo: float, hi: float) -> float:
@@ -172,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
     from broker.config.inventory import load_inventory
 
     goal = goal_from_args(args)
+    confidence = confidence_from_args(args)
     sampled: Estimate | None = None
     if args.sample:
         try:
@@ -209,13 +220,21 @@ def run(args: argparse.Namespace) -> int:
             reason = str(exc)
         except ValueError as exc:  # a point that is not on the front
             raise UsageError(str(exc)) from None
+    promised = None
+    if args.policy != "bats" and chosen is not None:
+        from broker.cli.plan_promise import promise_for
+
+        pp = promise_for(args, types, private, work, goal, chosen, confidence, sampled)
+        chosen, promised = pp.plan, pp.promise
+        reason = reason or pp.warning
     solve_ms = sum(p.solve_ms for p in front) + (chosen.solve_ms if chosen and chosen not in front else 0.0)
     log = structlog.get_logger()
     if chosen is not None:
         log.info("plan.solved", policy=args.policy, goal=goal.describe() if goal else None,
                  makespan_s=round(chosen.makespan_s, 1), cost_usd=round(chosen.cost_usd, 4),
                  fleet={k: v for k, v in chosen.fleet.items() if v}, status=chosen.status,
-                 front_points=len(front), solve_ms=round(solve_ms, 1))
+                 front_points=len(front), solve_ms=round(solve_ms, 1),
+                 promise=None if promised is None else promised.to_json())
     else:
         log.info("plan.solved", policy=args.policy, goal=goal.describe() if goal else None,
                  front_points=len(front), solve_ms=round(solve_ms, 1), reason=reason)
@@ -230,6 +249,7 @@ def run(args: argparse.Namespace) -> int:
             "front": [p.row() for p in front],
             "cheapest": cheapest.row() if cheapest else (front[-1].row() if front else None),
             "chosen": chosen.row() if chosen else None,
+            "promise": None if promised is None else promised.to_json(),
             "solve_ms": round(solve_ms, 3),
         }
         if sampled is not None:
@@ -241,6 +261,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"broker plan: {reason}", file=sys.stderr)
     else:
         print(render_table(view) if work.tasks else "nothing left to plan: every task of the bag ran while sampling")
+        if promised is not None and work.tasks:
+            print(f"promise: {promised.text()}")
         if reason:
             print(f"cannot meet {goal.describe() if goal else 'the goal'}: {reason}")
     return 1 if reason else 0

@@ -39,7 +39,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from broker.cli import UsageError
-from broker.cli.plan import add_goal_arguments, goal_from_args
+from broker.cli.plan import add_goal_arguments, confidence_from_args, goal_from_args
 from broker.cli.runview import RunConsole
 from broker.config.durations import parse_duration
 
@@ -115,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     from broker.core.control.snapshot import Goal
 
     goal_arg = goal_from_args(args)
+    confidence_from_args(args)  # a bad --confidence exits 2 before anything starts
     goal = Goal() if goal_arg is None else Goal(goal_arg.kind, goal_arg.value)
     tick_s = _duration("--tick", args.tick)
     margin_s = _duration("--margin", args.margin)
@@ -331,15 +332,33 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
         if report.state == "left":
             print(f"left the run's instances and agents running: `broker run` with the same arguments and "
                   f"--run-dir {run_dir} resumes it, `broker down {run_dir}` releases them", file=out, flush=True)
+    verdict = run_verdict(goal, report)
     if args.json_report:
-        print(json.dumps(report.to_json()))
+        document = report.to_json()
+        document["goal"] = {"met": verdict.met, "summary": verdict.summary, "causes": list(verdict.causes)}
+        print(json.dumps(document))
     else:
         from broker.cli.report import print_report
 
         print_report(run_dir)
+        if report.state != "left":
+            print(verdict.text(), flush=True)
     if report.stop_reason == "declined":
         return 1
-    return 0 if report.tasks_done == report.tasks_total else 1
+    return 0 if verdict.met and report.tasks_done == report.tasks_total else 1
+
+
+def run_verdict(goal, report):
+    """Was the goal met (a deadline by the makespan, a budget by the total cost)? See
+    :mod:`broker.cli.verdict`."""
+    from broker.cli.verdict import RunFacts, judge
+
+    facts = RunFacts(
+        makespan_s=report.makespan_s, cost_usd=report.cost_usd, tasks_total=report.tasks_total,
+        tasks_done=report.tasks_done, budget_stopped=report.budget_stopped, tasks_failed=report.tasks_failed,
+        first_planned_makespan_s=report.planned_makespan_s,
+    )
+    return judge(goal.kind, goal.value, facts)
 
 
 def _fleet(args, inventory, run_id, run_dir, server_process, resume, stack, state):
@@ -408,7 +427,7 @@ def _run_daemon(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, marg
                       resume=resume is not None, on_stop=args.on_stop,
                       trace=Path(os.environ[TRACE_ENV]) if os.environ.get(TRACE_ENV) else None),
         journal=journal, clock=clock, fleet=fleet, nodes=nodes, inbox=inbox,
-        config=ControllerConfig(tick_s=tick_s, margin_s=margin_s),
+        config=ControllerConfig(tick_s=tick_s, margin_s=margin_s, confidence=confidence_from_args(args)),
         confirm=printer.confirm, on_first_plan=printer.show_plan, on_progress=printer.progress,
         samples=args.prior_samples,
     )

@@ -93,6 +93,10 @@ class RunConsole:
         if memory.planned_makespan_s is not None:
             self.say(f"plan: {promise_text(self._promise(request), origin=' from the run start (run time)')}"
                      f", for {goal_text(self.goal.kind, self.goal.value)}")
+        if memory.promise is not None:  # before anything is bought: what can be promised, and how surely
+            self.say(f"promise: {memory.promise.text()}")
+        if memory.last_note and memory.last_note.startswith("deadline"):  # cannot be met, or not at the confidence
+            self.say(f"warning: {memory.last_note}")
         self.plan_shown = True
         if self.board is not None:
             self.board.update("tasks", label=self.phase)

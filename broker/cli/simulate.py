@@ -43,7 +43,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from broker.cli import UsageError
-    from broker.cli.plan import goal_from_args
+    from broker.cli.plan import confidence_from_args, goal_from_args
+    from broker.cli.verdict import facts_of_simulation, judge
     from broker.config.durations import format_duration, parse_duration
     from broker.config.inventory import load_inventory
     from broker.core.control.controller import ControllerConfig
@@ -73,22 +74,28 @@ def run(args) -> int:
         peer = PeerOptions(idle_timeout_s=parse_duration(args.idle_timeout), lease_s=parse_duration(args.lease))
     except ValueError as exc:
         raise UsageError(f"--idle-timeout/--lease: {exc}") from None
-    config = ControllerConfig(policy=args.policy, eta=args.eta, tick_s=tick_s, peer=peer, list_order=args.list_order)
+    config = ControllerConfig(policy=args.policy, eta=args.eta, tick_s=tick_s, peer=peer, list_order=args.list_order,
+                              confidence=confidence_from_args(args))
     options = SimOptions(seed=args.seed, speed_noise=args.speed_noise, failure_rate=args.failure_rate)
     progress = ProgressView()
     try:
         result = Simulation(inventory, workload, goal, config, options).run(on_progress=progress)
     finally:
         progress.close()
+    verdict = judge(goal.kind, goal.value, facts_of_simulation(result))
     if args.json:
-        print(json.dumps(result.to_json()))
-        return 1 if result.tasks_left else 0
+        document = result.to_json()
+        document["goal"] = {"met": verdict.met, "summary": verdict.summary, "causes": list(verdict.causes)}
+        print(json.dumps(document))
+        return 0 if verdict.met else 1
     r = result
     out = sys.stdout
     print(f"policy {r.policy}: {r.tasks_done}/{r.tasks_total} tasks in {format_duration(r.makespan_s)} "
           f"for ${r.cost_usd:.2f} (cloud ${r.cloud_cost_usd:.2f}, private ${r.private_cost_usd:.2f})", file=out)
     if r.planned_makespan_s is not None:
         print(f"planned: {format_duration(r.planned_makespan_s)} for ${r.planned_cost_usd:.2f}", file=out)
+    if r.promise is not None:
+        print(f"promised: {r.promise.text()}", file=out)
     if r.budget_usd is not None:
         print(f"budget ${r.budget_usd:.2f}: peak committed ${r.max_committed_usd:.2f}"
               + (" (stopped for budget)" if r.budget_stopped else ""), file=out)
@@ -96,8 +103,8 @@ def run(args) -> int:
           f"samples {r.samples}; simulated in {r.sim_wall_s:.2f}s", file=out)
     if r.tasks_left:
         print(f"{r.tasks_left} tasks left unfinished", file=out)
-        return 1
-    return 0
+    print(verdict.text(), file=out)
+    return 0 if verdict.met else 1
 
 
 class ProgressView:

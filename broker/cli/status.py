@@ -22,7 +22,9 @@ so this is safe while the daemon writes.
   time scale, elapsed_s), ``daemon`` (attached, pid), ``plan`` (the last: seq, made_at_s,
   makespan_s, cost_usd, fleet, reason), ``promise`` (the first plan, the one confirmed:
   makespan_s and cost_usd, and their ranges and confidence when the promise has them), ``eta``
-  (low_s, expected_s, high_s left, confidence) and ``instance_list`` (each instance's id, type,
+  (low_s, expected_s, high_s left, confidence), ``promise_now`` (the promise standing now, the
+  last plan's: ``{"confidence", "makespan_s", "makespan_s_range", "cost_usd",
+  "cost_usd_range"}``, or null) and ``instance_list`` (each instance's id, type,
   state, tasks, billing, launched_at_s, paid_until_s, release_at_s). Times in JSON are run
   seconds (from the run's start, or left for the ETA); everywhere else they are human;
 - ``--watch``: redraw every ``--interval`` (default 5s) until the run is no longer running,
@@ -281,6 +283,9 @@ def _plan_line(overview: Overview) -> str:
         parts.append(f"cost ${plan.cost_usd:.2f}")
     if plan.confidence is not None:
         parts.append(f"confidence {100 * plan.confidence:.0f}%")
+    text = (plan.chosen or {}).get("promise_text") if isinstance(plan.chosen, dict) else None
+    if text:
+        parts.append(f"promise: {text}")
     return ", ".join(parts)
 
 
@@ -374,6 +379,9 @@ def status_document(journal: Journal, run_dir: Path, wall_now_s: float) -> dict:
         "fleet": plan.fleet, "reason": plan.reason,
     }
     document["promise"] = fig.promise
+    # the promise standing now (the last plan's): point and interval of makespan and cost
+    document["promise_now"] = None if plan is None else (plan.chosen or {}).get("promise") \
+        if isinstance(plan.chosen, dict) else None
     interval = fig.eta_interval_s() if run is not None and run.state == "running" else None
     document["eta"] = None if interval is None else {
         "low_s": round(max(0.0, interval[0]), 3), "expected_s": round(max(0.0, interval[1]), 3),

@@ -52,7 +52,7 @@ CATALOGUE: dict[str, EventSpec] = {
               run="makespan_s cost_usd fleet cause note",
               tool="policy goal front_points solve_ms",
               optional="work_ref_s work_upper_ref_s mean_ref_s sd_ref_s work_tasks "
-                       "makespan_s cost_usd fleet status reason"),
+                       "makespan_s cost_usd fleet status reason promise promise_text promise_why"),
         _spec("decision.notes", "the controller's notes on a decision (a budget cap, a launch cut short), "
               "when they change", "notes"),
         _spec("instance.launch", "EC2 launched an instance", "instance_id type cause launched_at_s boot_s"),

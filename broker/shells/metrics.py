@@ -244,10 +244,32 @@ class JournalCollector:
                     yield GaugeMetricFamily(name, "the first plan's (the promise's) "
                                             + ("makespan from the run's start" if key == "makespan_s" else "cost"),
                                             value=fig.promise[key])
+        yield from _promise_gauges(fig)
         if fig.mean_ref_s is not None:
             yield GaugeMetricFamily("broker_mean_runtime_estimate_seconds", "estimated mean task runtime on a "
                                     "reference slot (speed 1)", value=fig.mean_ref_s)
         yield GaugeMetricFamily("broker_samples", "tasks run as samples to learn runtimes", value=fig.samples)
+
+
+def _promise_gauges(fig: Figures) -> Iterator[Any]:
+    """The current promise (the last plan's, broker.core.plan.promise): point and interval
+    of the makespan from the run's start and of the total cost, and its confidence."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    plan = fig.overview.last_plan
+    promise = (plan.chosen or {}).get("promise") if plan is not None and isinstance(plan.chosen, dict) else None
+    if not promise:
+        return
+    for name, key, what in (("broker_promise_makespan_seconds", "makespan_s", "promised makespan from the run's start"),
+                            ("broker_promise_cost_usd", "cost_usd", "promised total cost")):
+        gauge = GaugeMetricFamily(name, f"{what}: the point and the bounds of its interval", labels=["bound"])
+        low, high = promise.get(f"{key}_range") or (None, None)
+        for bound, value in (("low", low), ("point", promise.get(key)), ("high", high)):
+            if value is not None:
+                gauge.add_metric([bound], float(value))
+        yield gauge
+    yield GaugeMetricFamily("broker_promise_confidence", "the promise's confidence (1 - delta)",
+                            value=float(promise["confidence"]))
 
 
 class MetricsServer:

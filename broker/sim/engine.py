@@ -68,6 +68,7 @@ class SimWorkload:
     prior_mean_ref_s: float | None = None  # what sampling/a hint says before anything ran
     prior_sd_ref_s: float | None = None
     name: str = "workload"
+    timeout_ref_s: float | None = None  # no task runs longer (a bag's timeout, at speed 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +136,16 @@ class SimResult:
     quarantined: dict[str, str] = field(default_factory=dict)  # task id -> reason
     faults: dict[str, int] = field(default_factory=dict)  # fault kind -> times injected
     bad_nodes_found: list[str] = field(default_factory=list)
+    # Why a goal was missed (broker.cli.verdict): the bag's true work, what the first plan
+    # covered, when all but the last task were done, and how long the last one ran.
+    actual_work_ref_s: float = 0.0
+    planned_work_ref_s: float | None = None
+    second_last_end_s: float | None = None
+    last_runtime_s: float | None = None
+    promise: object | None = None  # the first promise made (broker.core.plan.promise.Promise)
+    promise_samples: int | None = None  # runtimes seen when it was made
+    promise_last: object | None = None  # the last one
+    promise_log: list = field(default_factory=list)  # (virtual s, tasks done, runtimes seen, Promise) per change
 
     @property
     def tasks_quarantined(self) -> int:
@@ -160,6 +171,7 @@ class SimResult:
             "samples": self.samples,
             "instances": {"launched": self.instances_launched, "max_concurrent": self.max_concurrent},
             "sim_wall_s": round(self.sim_wall_s, 3),
+            "promise": None if self.promise is None else self.promise.to_json(),
         }
 
 
@@ -199,7 +211,7 @@ class Simulation:
         budget = float(goal.value) if goal.kind == "budget" else None
         self.ledger = Ledger(self.types, options.failures, tick_s=config.tick_s, replan_every_s=config.replan_every_s,
                              prior_mean_ref_s=workload.prior_mean_ref_s, prior_sd_ref_s=workload.prior_sd_ref_s,
-                             budget_usd=budget)
+                             budget_usd=budget, timeout_ref_s=workload.timeout_ref_s)
         est = [None] * n if self.est is None else self.est.tolist()
         self.ledger.add_tasks(list(zip(self.ids, est)), self.rng.permutation(n))
         self.fault_rng = np.random.default_rng(options.seed + 2_000_003)  # faults never shift the rest
@@ -212,6 +224,7 @@ class Simulation:
             sim_wall_s=0.0, max_committed_usd=0.0,
         )
         self.result.faults = {k: 0 for k in FAULT_KINDS}
+        self.result.actual_work_ref_s = float(self.truth.sum())
         self._instance_seq = 0
         self._world: dict[str, _Machine] = {}
         self._exec: dict[tuple[str, int], float] = {}  # (task, attempt) -> start, while it runs
@@ -336,11 +349,14 @@ class Simulation:
         e = self.ledger.on_result(node_id, task, attempt, self.now)
         if not e.changed:
             return False  # a cancelled replica or a killed attempt
-        self._exec.pop((task, attempt))
+        start = self._exec.pop((task, attempt))
         if e.outcome == "done":
             self.result.tasks_done += 1
             self.result.completions[task] = self.result.completions.get(task, 0) + 1
+            if self.result.tasks_done > 1:
+                self.result.second_last_end_s = self.result.makespan_s
             self.result.makespan_s = float(self.now)
+            self.result.last_runtime_s = float(self.now - start)
             self._carry_out(e.followups)
         return True
 
@@ -459,10 +475,18 @@ class Simulation:
                     raise RuntimeError(f"no progress: {same_time} decisions at virtual time {t:.3f}s")
                 decision = self.controller.decide(self.snapshot(), self.memory, self.now, self.ctl_rng, tick=tick)
                 self.memory = decision.memory
+                if self.result.promise is None and self.memory.first_promise is not None:
+                    self.result.promise = self.memory.first_promise
+                    self.result.promise_samples = self.obs.count
+                p = self.memory.promise
+                if p is not None and (not self.result.promise_log or self.result.promise_log[-1][3] is not p):
+                    self.result.promise_log.append((self.now, self.result.tasks_done, self.obs.count, p))
                 if not first_plan_seen and self.memory.planned_makespan_s is not None:
                     first_plan_seen = True
                     self.result.planned_makespan_s = self.memory.planned_makespan_s
                     self.result.planned_cost_usd = self.memory.planned_cost_usd
+                    if decision.remaining is not None:
+                        self.result.planned_work_ref_s = decision.remaining.upper_ref_s + self.obs.sum_ref_s
                 self._apply(decision.actions)
             if tick:
                 if on_progress is not None:
@@ -495,6 +519,7 @@ class Simulation:
         r.cloud_cost_usd = self.ledger.committed_usd(self.now)
         r.max_committed_usd = max(r.max_committed_usd, r.cloud_cost_usd)
         r.private_cost_usd = self.ledger.private_cost_usd()
+        r.promise_last = self.memory.promise
         r.cost_usd = r.cloud_cost_usd + r.private_cost_usd
         if r.tasks_done < r.tasks_total and r.makespan_s == 0.0:
             r.makespan_s = end

@@ -80,6 +80,12 @@ class ControllerConfig:
     hedge_later: bool = True
     peer: PeerOptions = PeerOptions()  # the peers' published defaults (peers.py)
     list_order: str = "longest"  # List_eta takes tasks longest first, or at "random" (thesis 6.5.2)
+    # The promise (promises.py): its confidence 1 - delta (a deadline is held at it), how
+    # often the forecast is refreshed between launches, and its number of replicates.
+    confidence: float = 0.9
+    promise_every_s: float = 3600.0
+    promise_replicates: int = 200
+    promise: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -87,6 +93,8 @@ class ControllerConfig:
         object.__setattr__(self, "policy", Policy(self.policy))  # a plain string comes in too
         if self.list_order not in ("longest", "random"):
             raise ValueError(f"list_order must be longest or random, got {self.list_order!r}")
+        if not 0.0 < self.confidence < 1.0:
+            raise ValueError(f"confidence must lie strictly between 0 and 1, got {self.confidence!r}")
         if self.list_fleet is not None and any(count < 0 for _, count in self.list_fleet):
             raise ValueError(f"list_fleet counts must be >= 0, got {self.list_fleet!r}")
 

@@ -67,6 +67,12 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
     mean, fit_size = mean_and_fit
     fit_rule = ctl.config.policy == Policy.BROKER or BASELINES[ctl.config.policy].fit_rule
     ready = sorted((n for n in snap.nodes_with_free_slots() if n.ready(now)), key=lambda n: (-n.speed, n.id))
+    fastest = 0.0  # the straggler rule's fastest speed: 0 while no ready slot is near the deadline
+    tail = memory.tail_size_ref_s
+    if ctl.goal.kind == "deadline" and tail is not None and ready:
+        left = snap.started_at_s + float(ctl.goal.value) - now
+        if left * ready[-1].speed < tail:  # the slowest ready slot is in the deadline's last window
+            fastest = max(n.speed for n in snap.nodes if not n.lost)
     idle_slots: list[tuple[NodeView, int, float]] = []
     # Under a budget, private time is paid up to ``private_until_s``: a private slot takes only
     # a task that ends before it (as an instance's before its release), none once it is spent.
@@ -83,6 +89,8 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
             limit_ref = math.inf
             if (fit_rule or node.is_private) and release is not None:
                 limit_ref = (release - now) * node.speed / ctl.config.fit_safety
+            if fit_rule:
+                limit_ref = min(limit_ref, tail_limit_ref(ctl, snap, memory, node, now, fit_size, fastest))
             pick = _baseline_pick(ctl, snap, memory, node, rng, s)
             if pick is None:
                 pick = snap.pending.largest_fitting(limit_ref, fit_size if fit_rule else mean, s.taken)
@@ -124,6 +132,22 @@ def _baseline_pick(ctl: Controller, snap: Snapshot, memory: Memory, node: NodeVi
         return None
     tid = hook(ctl, snap, memory, node, s)
     return None if tid is None else (tid, snap.pending.estimate(tid))
+def tail_limit_ref(ctl: Controller, snap: Snapshot, memory: Memory, node: NodeView, now: float, fit_size: float,
+                   fastest: float) -> float:
+    """Near a deadline, the long tasks go to the fast slots (a rule of issue 16: stragglers).
+
+    A task without an estimate is taken by a slot only if its high quantile
+    (``memory.tail_size_ref_s``, set with the promise) still ends there by the user's
+    deadline: ``now + tail / speed <= deadline``. A 6-hour task started two hours before
+    the deadline on a slot of speed 1 decides the makespan; on a slot 2.5 times as fast it
+    does not. Expressed as a limit in the pool's terms (unknown tasks count as
+    ``fit_size``). The fastest slots of the fleet take work regardless: something must
+    (``fastest`` 0: no slot is near the deadline, no limit)."""
+    tail = memory.tail_size_ref_s
+    if ctl.goal.kind != "deadline" or tail is None or node.speed >= fastest:
+        return math.inf
+    left = snap.started_at_s + float(ctl.goal.value) - now
+    return left * node.speed - max(tail - fit_size, 0.0)
 
 
 def replicate(snap: Snapshot, now: float, mean: float, idle_slots, s: Scratch) -> None:

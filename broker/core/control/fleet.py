@@ -19,6 +19,7 @@ from .budget import affordable, affordable_extension, budget_guard, budget_left,
 from .causes import GoalKind, LaunchCause, ReleaseCause
 from .estimates import RemainingWork, mean_estimate
 from .planning import PlanResult
+from .promises import hold_first_deadline, update_promise
 from .replan import drifted, resolve_goal, solve
 from .scratch import Scratch
 from .snapshot import Memory, NodeView, Snapshot
@@ -42,7 +43,10 @@ def plan_and_fleet(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
     if memory.budget_stopped and budget_left(ctl, snap, s, now) < cheapest_unit(snap):
         return memory  # nothing more can be bought; dispatch goes on with what is paid
     memory = resolve_goal(ctl, snap, memory, now, rem)
-    result = solve(ctl, snap, memory, now, rem)
+    if ctl.goal.kind == "deadline" and memory.last_plan is None and ctl.config.promise:
+        result, memory = hold_first_deadline(ctl, snap, memory, now, rem)  # the deadline at its confidence
+    else:
+        result = solve(ctl, snap, memory, now, rem)
     memory = replace(memory, last_plan_at_s=now)
     if result.plan is None:
         s.notes.append(result.reason or "no plan")
@@ -65,7 +69,10 @@ def plan_and_fleet(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
         last_note=result.reason,
     )
     result = with_hysteresis(ctl, snap, memory, now, rem, result)
-    return apply_plan(ctl, snap, memory, now, result, s)
+    memory = apply_plan(ctl, snap, memory, now, result, s)
+    if ctl.config.promise:
+        memory = update_promise(ctl, snap, memory, now, rem, s, result.cause)
+    return memory
 
 
 # -- hysteresis ---------------------------------------------------------------------------

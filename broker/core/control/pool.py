@@ -103,6 +103,9 @@ class TaskPool:
     def smallest_estimates_ref_s(self, k: int) -> list[float]:
         """The ``k`` smallest estimates of pending tasks (fewer when fewer have one)."""
         return [e for e, _ in self._known[:max(k, 0)]]
+    def known_estimates_ref_s(self) -> list[float]:
+        """The estimates of the pending tasks that have one, ascending."""
+        return [est for est, _ in self._known]
 
     def estimate(self, task_id: str) -> float | None:
         return self._known_est.get(task_id)

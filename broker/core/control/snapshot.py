@@ -8,7 +8,7 @@ passed in and returned by every decision (no hidden counters).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from ..model import MachineType
 from .causes import GoalKind
@@ -137,6 +137,10 @@ class Snapshot:
     # not O(fleet); when absent they are derived from ``nodes``.
     free_nodes: tuple[NodeView, ...] | None = None
     running_count: int | None = None
+    # Every finished runtime in reference seconds (the shell's append-only log), for the
+    # Kaplan-Meier law of the promise; None: the promise works from ``observations``' moments.
+    finished_ref_s: Sequence[float] | None = None
+    timeout_ref_s: float | None = None  # the bag's timeout at speed 1: no task runs longer
 
     def nodes_with_free_slots(self) -> tuple[NodeView, ...]:
         if self.free_nodes is not None:
@@ -169,3 +173,14 @@ class Memory:
     last_note: str | None = None
     private_stopped: bool = False  # the budget pays no more private time (budget.stop_private_work)
     peer_state: object | None = None  # a baseline's own state (peer_policies: idle clocks, PANDA's lists)
+    # The promise (broker.core.plan.promise.Promise): the current one, the first one made
+    # (what ``broker simulate --json`` reports next to what was delivered), and when.
+    promise: object | None = None
+    first_promise: object | None = None
+    promise_at_s: float | None = None
+    # Deadline goals: how much earlier than the user's deadline the plans aim, so that the
+    # makespan's (1 - delta) quantile, not its mean, meets it (broker.core.plan.promise.hold_deadline).
+    tail_allowance_s: float = 0.0
+    # Deadline goals: a high quantile of a task without an estimate (reference seconds): a
+    # slot takes such a task only if it would end by the deadline there (dispatch.tail_limit_ref).
+    tail_size_ref_s: float | None = None

@@ -106,6 +106,10 @@ class KaplanMeier:
         self._times = np.concatenate((times, [self.cap_ref_s]))
         self._mass = np.concatenate((before - surviving, [tail]))
 
+    def atoms(self) -> tuple[np.ndarray, np.ndarray]:
+        """The distribution as (times, probabilities): the distinct event times and the cap."""
+        return self._times.copy(), self._mass.copy()
+
     def survival(self, t_ref_s: float) -> float:
         """``S(t) = Pr[P > t]`` (the tail mass counts as ending at the cap)."""
         return float(self._mass[self._times > t_ref_s].sum())

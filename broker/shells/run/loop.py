@@ -155,7 +155,15 @@ class Daemon(AttemptsMixin, NodesMixin):
             mean, sd = self.samples.mean_ref_s, self.samples.sd_ref_s
         return dict(policy=self.policy, tick_s=self.config.tick_s, replan_every_s=self.config.replan_every_s,
                     prior_mean_ref_s=mean, prior_sd_ref_s=sd,
-                    budget_usd=float(self.goal.value) if self.goal.kind == "budget" else None)
+                    budget_usd=float(self.goal.value) if self.goal.kind == "budget" else None,
+                    timeout_ref_s=self._timeout_ref_s())
+
+    def _timeout_ref_s(self) -> float | None:
+        """The bag's timeout in reference seconds at the fastest speed: no task runs longer."""
+        if not self.bag.timeout_s:
+            return None
+        speeds = [t.speed for t in self.types.values()] + [p.speed for p in self.inv.private] + [1.0]
+        return self.bag.timeout_s * self.clock.time_scale * max(speeds)
 
     def _start(self) -> None:
         self.timers = Timers(self.clock, self._post)
@@ -300,10 +308,14 @@ class Daemon(AttemptsMixin, NodesMixin):
         work = {} if rem is None else {"work_ref_s": round(rem.point_ref_s, 3),
                                        "work_upper_ref_s": round(rem.upper_ref_s, 3), "mean_ref_s": round(rem.mean_ref_s, 3),
                                        "sd_ref_s": round(rem.sd_ref_s, 3), "work_tasks": rem.pending + rem.running}
+        promise = mem.promise  # the current promise (broker.core.plan.promise.Promise) and why it is what it is
+        said = {} if promise is None else {"promise": promise.to_json(), "promise_text": promise.text(),
+                                           "promise_why": promise.why}
         self._emit("plan.solved", makespan_s=_round(mem.planned_makespan_s, 3), cost_usd=_round(mem.planned_cost_usd, 6),
-                   fleet=fleet, cause=cause, note=mem.last_note, **work)
+                   fleet=fleet, cause=cause, note=mem.last_note, **work, **said)
         self.journal.record_plan(makespan_s=mem.planned_makespan_s, cost_usd=mem.planned_cost_usd, fleet=fleet,
-                                 chosen=plan.row(), reason=mem.last_note or cause)
+                                 chosen=plan.row() | said, reason=mem.last_note or cause,
+                                 confidence=None if promise is None else promise.confidence)
         if self.first_plan is None:
             self.first_plan = (mem.planned_makespan_s, mem.planned_cost_usd)
             if self.on_first_plan is not None:

@@ -29,6 +29,8 @@ import heapq
 import math
 from typing import Iterable, Mapping, Sequence
 
+import numpy as np
+
 from ...model import MachineType, PrivateNode
 from ..actions import Cancel, Launch, ScheduleRelease
 from ..causes import ReleaseCause
@@ -67,8 +69,10 @@ class Ledger(SnapshotMixin):
 
     def __init__(self, types: Mapping[str, MachineType], policy: FailurePolicy = FailurePolicy(), *,
                  tick_s: float = 60.0, replan_every_s: float = 900.0, prior_mean_ref_s: float | None = None,
-                 prior_sd_ref_s: float | None = None, budget_usd: float | None = None) -> None:
+                 prior_sd_ref_s: float | None = None, budget_usd: float | None = None,
+                 timeout_ref_s: float | None = None) -> None:
         self.types = dict(types)
+        self.timeout_ref_s = timeout_ref_s  # the bag's timeout at the fastest speed: no task runs longer
         self.policy = policy
         self.tick_s, self.replan_every_s = tick_s, replan_every_s
         self.prior_mean_ref_s, self.prior_sd_ref_s, self.budget_usd = prior_mean_ref_s, prior_sd_ref_s, budget_usd
@@ -82,6 +86,7 @@ class Ledger(SnapshotMixin):
         self.sampled: set[str] = set()
         self.sample_keys: set[tuple[str, int]] = set()  # (task, attempt) drawn as samples
         self.obs = Observations()
+        self._finished = np.empty(64)  # every finished runtime (ref-s) in order, for the promise's law
         self.last_done_s = 0.0
         self.budget_stopped = False
         self.nodes: dict[str, NodeRecord] = {}
@@ -155,8 +160,19 @@ class Ledger(SnapshotMixin):
         self.attempts[task_id] = max(self.attempts.get(task_id, 0), attempt)
         self.sampled.add(task_id)
         self.sample_keys.add((task_id, attempt))
-        self.obs = self.obs.add(runtime_ref_s, estimate_ref_s if estimate_ref_s is not None
-                                else self.estimates.get(task_id))
+        self.observe(runtime_ref_s, estimate_ref_s if estimate_ref_s is not None else self.estimates.get(task_id))
+
+    def observe(self, runtime_ref_s: float, estimate_ref_s: float | None) -> None:
+        n = self.obs.count
+        if n == len(self._finished):
+            self._finished = np.concatenate([self._finished, np.empty(n)])
+        self._finished[n] = runtime_ref_s
+        self.obs = self.obs.add(runtime_ref_s, estimate_ref_s)
+
+    @property
+    def finished_ref_s(self) -> np.ndarray:
+        """Every finished runtime so far (reference seconds), in the order they finished."""
+        return self._finished[: self.obs.count]
 
     def _requeue(self, task: str, retry: bool, cause: str) -> Requeue | None:
         if (task in self.done or task in self.pool or self._copies.get(task)
@@ -253,7 +269,7 @@ class Ledger(SnapshotMixin):
         self.book.succeeded(node_id)
         self.done.add(task_id)
         ref = (now - a.started_at_s if runtime_s is None else runtime_s) * node.speed
-        self.obs = self.obs.add(ref, self.estimates.get(task_id))
+        self.observe(ref, self.estimates.get(task_id))
         self.last_done_s = now
         return Ended("done", a, None, tuple(self._cancel_copies(task_id, "first_result_wins", now)), ref)
 

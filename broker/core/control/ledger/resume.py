@@ -110,7 +110,7 @@ def restore(ledger: Ledger, rows: JournalRows, speeds: Mapping[str, float]) -> R
             ledger.book.succeeded(a.node)
             if a.runtime_s is not None:
                 ref = a.runtime_s * rows.time_scale * speeds.get(a.node, 1.0)
-                ledger.obs = ledger.obs.add(ref, ledger.estimates.get(a.task_id))
+                ledger.observe(ref, ledger.estimates.get(a.task_id))
             if a.ended_at_s is not None:
                 ledger.last_done_s = max(ledger.last_done_s, a.ended_at_s)
         elif a.outcome in ("failed", "timed_out", "lost"):

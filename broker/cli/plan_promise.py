@@ -1,0 +1,80 @@
+"""The promise ``broker plan`` prints next to its chosen plan (broker/core/plan/promise.py).
+
+What is known before anything runs: the bag's per-task estimates (each off by a relative
+error of 15% until runs say otherwise), or a mean and sd (stated with ``--mean-runtime`` /
+``--runtime-sd``: taken as exact; or learnt by ``--sample`` under an (eps, delta) contract:
+its relative standard error is eps / z_{1 - delta/2}). A deadline goal is held at the
+confidence (``hold_deadline``): the cheapest plan whose makespan's ``confidence`` quantile
+is within the deadline, or, when none is, the plan with the earliest such quantile and a
+message saying what can be promised instead.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+from broker.core.plan import NoFeasiblePlan, Plan, min_cost
+from broker.core.plan.promise import Pending, Promise, RuntimeLaw, forecast, hold_deadline, machines_of_plan
+
+
+@dataclass(frozen=True, slots=True)
+class PlanPromise:
+    plan: Plan | None
+    promise: Promise | None
+    warning: str | None = None  # the deadline cannot be promised at the confidence
+
+
+def _law_and_pending(args, work, sampled) -> tuple[RuntimeLaw, Pending]:
+    timeout = None
+    estimates = None
+    if getattr(args, "bag", None):
+        from broker.config.bag import load_bag
+
+        bag = load_bag(args.bag)
+        timeout = bag.timeout_s
+        per_task = [statistics.fmean(t.estimates_s.values()) for t in bag.tasks if t.estimates_s]
+        if per_task and not sampled and getattr(args, "mean_runtime", None) is None:
+            estimates = np.asarray(per_task, dtype=float)
+    se = 0.0
+    if sampled is not None:
+        se = sampled.eps / NormalDist().inv_cdf(1 - sampled.delta / 2)
+    law = RuntimeLaw.parametric(work.mean_ref_s, work.sd_ref_s, se, timeout)
+    if estimates is not None and estimates.size == work.tasks:
+        return law, Pending(0, estimates)
+    return law, Pending(work.tasks)
+
+
+def promise_for(args, types, private, work, goal, chosen: Plan | None, confidence: float, sampled=None) -> PlanPromise:
+    """The chosen plan (a deadline's held at ``confidence``) and its promise."""
+    law, pending = _law_and_pending(args, work, sampled)
+    rng = np.random.default_rng(0)  # the same command prints the same promise
+
+    def predict(plan: Plan):
+        horizon = plan.horizon_s if goal is None or goal.kind != "budget" else 0.0
+        return forecast(machines_of_plan(types, private, plan), law, pending, now_s=0.0, rng=rng,
+                        horizon_at_s=horizon if horizon > 0 else None)
+
+    if goal is not None and goal.kind == "deadline":
+        def solve(h: float):
+            try:
+                return min_cost(types, private, work, h)
+            except NoFeasiblePlan:
+                return None
+
+        held = hold_deadline(solve, predict, float(goal.value), confidence)
+        if held is None:
+            return PlanPromise(chosen, None if chosen is None else predict(chosen).promise(confidence))
+        promise = held.forecast.promise(confidence, "plan")
+        if held.held:
+            return PlanPromise(held.plan, promise)
+        q = held.forecast.makespan_quantile(confidence)
+        warning = (f"the deadline cannot be promised with {100 * confidence:g}% confidence: the fastest plan "
+                   f"found finishes within {q / 3600:.2f} h with that confidence; it promises {promise.text()}")
+        return PlanPromise(held.plan, promise, warning)
+    if chosen is None:
+        return PlanPromise(None, None)
+    return PlanPromise(chosen, predict(chosen).promise(confidence, "plan"))

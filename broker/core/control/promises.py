@@ -1,0 +1,155 @@
+"""The promise pass: what the user is promised, and deadlines held at a confidence.
+
+Two rules, each small, each saying what it buys:
+
+- :func:`hold_first_deadline` (deadline goals, first plan). The planner covers an amount of
+  work by a horizon; what decides whether the deadline holds is the end of the bag: the
+  last tasks to start and the longest still running (ALGORITHMS.md 8). So the first plan is
+  the cheapest whose makespan's ``confidence`` quantile, read off the forecast of that plan,
+  meets the deadline (:func:`broker.core.plan.promise.hold_deadline`): the horizon starts
+  at the deadline and is pulled in by the forecast's overshoot. The difference is the *tail
+  allowance*: later plans aim at ``deadline - allowance``. It buys capacity only as far as
+  the risk asks. When no plan holds the deadline at the confidence, the note says so, and
+  what can be promised, before anything is launched.
+- :func:`update_promise` (every goal, after a plan is carried out). The fleet as it now
+  stands (releases and launches of this decision included) is forecast, and the promise is
+  its point and interval (:meth:`broker.core.plan.promise.Forecast.promise`), with why it
+  changed. Under a deadline, when the quantile has crept past the deadline (the work grew,
+  a long task started late), the allowance grows by the overshoot and the next re-plan
+  comes early: more capacity, bought when the risk says so.
+
+A forecast costs tens of milliseconds (a few tenths of a second for 200 machines), so it is
+made at the first plan (``promise_replicates`` replicates), whenever a decision launches,
+and otherwise at most every ``promise_every_s`` (refreshes with half the replicates). Its random draws come from a
+generator seeded by the moment and the tasks done, so a decision stays a function of its
+inputs and the controller's own random stream is left alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..plan.promise import hold_deadline
+from .actions import Launch
+from .causes import LaunchCause
+from .estimates import RemainingWork
+from .planning import PlanResult
+from .promising import forecast_fleet, tail_size_ref_s
+from .replan import solve
+from .snapshot import Memory, Snapshot
+
+if TYPE_CHECKING:
+    from .controller import Controller
+    from .scratch import Scratch
+
+
+def promise_rng(snap: Snapshot, now: float) -> np.random.Generator:
+    return np.random.default_rng([int(now * 1000) % (1 << 62), snap.tasks_done, 16])
+
+
+def _plan_changes(ctl: Controller, plan) -> tuple[dict[str, float], list[tuple[str, int, float]]]:
+    margin = ctl.config.margin_s
+    releases = {e.instance_id: e.release_at_s - margin for e in plan.existing}
+    launches = [(g.type_name, g.count, g.release_after_s - margin) for g in plan.new]
+    return releases, launches
+
+
+def hold_first_deadline(ctl: Controller, snap: Snapshot, memory: Memory, now: float,
+                        rem: RemainingWork) -> tuple[PlanResult, Memory]:
+    """The first plan under a deadline goal, held at ``config.confidence``; see the module
+    docstring. Returns the plan and the memory with the planning deadline pulled in."""
+    deadline_at = snap.started_at_s + float(ctl.goal.value)
+    conf = ctl.config.confidence
+    rng = promise_rng(snap, now)
+    tail = tail_size_ref_s(snap, rem, conf)
+    memory = replace(memory, tail_size_ref_s=tail)
+
+    def plan_for(h: float) -> PlanResult | None:
+        r = solve(ctl, snap, replace(memory, deadline_at_s=now + h), now, rem)
+        return r if r.plan is not None else None
+
+    def predict(r: PlanResult):
+        releases, launches = _plan_changes(ctl, r.plan)
+        return forecast_fleet(ctl, snap, rem, now, releases, launches, rng, horizon_at_s=now + r.plan.horizon_s
+                              if r.plan.horizon_s > 0 else None, tail_ref_s=tail)
+
+    held = hold_deadline(plan_for, predict, float(ctl.goal.value), conf, elapsed_s=now - snap.started_at_s)
+    if held is None:
+        return solve(ctl, snap, memory, now, rem), memory
+    result = held.plan
+    memory = replace(memory, deadline_at_s=now + held.horizon_s, tail_allowance_s=deadline_at - (now + held.horizon_s))
+    if not held.held:
+        q = held.forecast.makespan_quantile(conf)
+        note = (f"deadline at risk: no plan finishes by the deadline with {100 * conf:g}% confidence; the best "
+                f"does by {q:.0f} s from the start ({held.forecast.promise(conf).text()})")
+        result = replace(result, cause=LaunchCause.DEADLINE_AT_RISK, reason=note)
+    return result, memory
+
+
+def update_promise(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork,
+                   s: Scratch, cause: str | None) -> Memory:
+    """Forecast the fleet as this decision leaves it and keep the promise; see the module docstring."""
+    launched = any(isinstance(a, Launch) for a in s.actions)
+    due = (memory.promise is None or launched or memory.promise_at_s is None
+           or now - memory.promise_at_s >= ctl.config.promise_every_s - 1e-9)
+    if not due:
+        return memory
+    launches = [(a.type_name, a.count, a.release_after_s) for a in s.actions if isinstance(a, Launch)]
+    horizon = None if ctl.goal.kind == "budget" else memory.deadline_at_s
+    conf = ctl.config.confidence
+    if ctl.goal.kind == "deadline":
+        memory = replace(memory, tail_size_ref_s=tail_size_ref_s(snap, rem, conf))
+    # the first promise with every replicate; refreshes with half (a forecast of a large
+    # fleet costs a fraction of a second, and a refresh corrects the last one)
+    reps = ctl.config.promise_replicates if memory.first_promise is None else ctl.config.promise_replicates // 2
+    f = forecast_fleet(ctl, snap, rem, now, dict(s.release), launches, promise_rng(snap, now), horizon,
+                       memory.tail_size_ref_s, replicates=reps)
+    if f is None:
+        return memory
+    why = ("first plan" if memory.first_promise is None else f"re-plan ({cause or 'replan'})") + (
+        f": {rem.pending} tasks pending, {rem.running} running, {rem.point_ref_s:.4g} ref-s of work left")
+    band = (rem.upper_ref_s - rem.point_ref_s) / max(rem.point_ref_s, 1e-9)
+    promise = f.promise(conf, why, tolerance=min(ctl.config.hysteresis, max(ctl.config.hysteresis_min, band)))
+    memory = replace(memory, promise=promise, promise_at_s=now,
+                     first_promise=memory.first_promise if memory.first_promise is not None else promise)
+    if ctl.goal.kind == "deadline" and memory.deadline_at_s is not None:
+        memory = _adjust_allowance(ctl, snap, memory, now, f, s)
+    return memory
+
+
+def _adjust_allowance(ctl: Controller, snap: Snapshot, memory: Memory, now: float, f, s: Scratch) -> Memory:
+    """Keep the makespan's quantile on the deadline. On an overshoot, pull the planning
+    deadline in by it (and re-plan soon), but only as far as capacity can help: not when
+    the tasks running now alone already end past the deadline at the quantile (no machine
+    bought shortens them: the note says so), and never by more than half of the time left
+    to the user's deadline (a planning deadline in the past would buy the fastest fleet
+    for the last few tasks). On a slack of more than 5% of the time left, give back half
+    of it (a pull made on a loose early estimate is not kept to the end)."""
+    conf = ctl.config.confidence
+    deadline_at = snap.started_at_s + float(ctl.goal.value)
+    over = snap.started_at_s + f.makespan_quantile(conf) - deadline_at
+    room = memory.deadline_at_s - now
+    if over > 0:
+        running = None if f.running_ends_s is None else snap.started_at_s + float(np.quantile(f.running_ends_s, conf))
+        if running is not None and running > deadline_at:
+            s.notes.append(f"deadline at risk at {100 * conf:g}%: tasks running now may end "
+                           f"{running - deadline_at:.0f} s past it; more machines would not help")
+            return memory
+        pull = min(over + 0.02 * room, memory.deadline_at_s - (now + 0.5 * (deadline_at - now)))
+        if pull <= 0 or room <= ctl.config.min_replan_gap_s:
+            return memory
+        s.notes.append(f"deadline at risk at {100 * conf:g}%: the makespan's quantile is {over:.0f} s past it; "
+                       f"planning {pull:.0f} s earlier")
+        return replace(memory, deadline_at_s=memory.deadline_at_s - pull,
+                       tail_allowance_s=memory.tail_allowance_s + pull,
+                       # the next re-plan comes after the shortest gap, not the regular interval
+                       last_plan_at_s=now - ctl.config.replan_every_s + ctl.config.min_replan_gap_s)
+    slack = -over
+    if memory.tail_allowance_s > 0 and slack > 0.05 * max(deadline_at - now, 1.0):
+        give = min(memory.tail_allowance_s, 0.5 * slack)
+        return replace(memory, deadline_at_s=memory.deadline_at_s + give,
+                       tail_allowance_s=memory.tail_allowance_s - give)
+    return memory

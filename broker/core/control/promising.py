@@ -1,0 +1,125 @@
+"""The controller's side of a promise: the fleet a plan leaves and the runtime law the
+snapshot supports, handed to :func:`broker.core.plan.promise.forecast`.
+
+- **Fleet.** Private nodes (always on, their hourly cost over the run); every live instance
+  with the release the decision gives it (or the one it has); every launch as ``count``
+  instances ready after their boot delay and released ``release_after_s`` after launch. Running tasks go
+  with their age in reference seconds and their estimate, if any.
+- **Runtime law.** With the shell's log of finished runtimes: the Kaplan-Meier law over
+  them and the running tasks without estimates (censored at their age), re-weighed per
+  replicate (Bayesian bootstrap). Without it: a lognormal with the observed (or prior)
+  mean and sd, whose mean is known to ``sd / sqrt(n)`` (n the runtimes seen, or
+  ``PRIOR_WEIGHT`` for a prior). Tasks with estimates: the estimates' relative error (the
+  sd of actual/estimate, 15% until 10 have ended) and the correction ratio's standard error.
+- **Cap.** No task runs past the bag's timeout; without one, past 4x the longest runtime
+  seen (what a running task older than every runtime seen is assumed to need at most).
+- **Spend so far.** The forecast charges live instances from their launch, so only what
+  terminated instances cost is added: committed spend less the live ones' charges.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..plan.promise import Forecast, Machine, Pending, RuntimeLaw, forecast
+from .estimates import PRIOR_WEIGHT, RemainingWork
+from .snapshot import Snapshot
+
+CAP_WITHOUT_TIMEOUT = 4.0  # x the longest runtime seen, when the bag states no timeout
+
+
+def runtime_law(snap: Snapshot, rem: RemainingWork) -> RuntimeLaw:
+    obs = snap.observations
+    est_kw = dict(estimate_rel_sd=obs.ratio_sd(), estimate_ratio=rem.estimate_ratio,
+                  ratio_rel_se=obs.ratio_sd() / math.sqrt(max(obs.count_with_estimate, 0) + PRIOR_WEIGHT))
+    longest = max(obs.max_ref_s, rem.mean_ref_s)
+    cap = snap.timeout_ref_s if snap.timeout_ref_s else CAP_WITHOUT_TIMEOUT * longest
+    finished = snap.finished_ref_s
+    if finished is not None and len(finished) >= 2:
+        ages = [max(0.0, snap.now_s - r.started_at_s) * n.speed
+                for n in snap.nodes for r in n.running if r.estimate_ref_s is None]
+        return RuntimeLaw.observed(np.asarray(finished, dtype=float), ages, cap, **est_kw)
+    n = obs.count + (PRIOR_WEIGHT if snap.prior_mean_ref_s is not None else 0)
+    se = rem.sd_ref_s / (max(rem.mean_ref_s, 1e-9) * math.sqrt(max(n, 1)))
+    return RuntimeLaw.parametric(rem.mean_ref_s, rem.sd_ref_s, se, cap, **est_kw)
+
+
+def fleet_after(snap: Snapshot, now: float, releases: Mapping[str, float],
+                launches: Sequence[tuple[str, int, float]], private=()) -> list[Machine]:
+    """The machines the run has once a decision is carried out: ``releases`` the instances'
+    new release times, ``launches`` (type, count, release after launch) the new ones."""
+    cost = {p.name: p.cost_per_hour for p in private}
+    out: list[Machine] = []
+    for n in snap.nodes:
+        if n.lost:
+            continue
+        running = tuple(((max(0.0, now - r.started_at_s) * n.speed), r.estimate_ref_s) for r in n.running)
+        if n.is_private:
+            out.append(Machine(n.slots, n.speed, now, math.inf, cost.get(n.id, 0.0), running=running))
+            continue
+        t = snap.types.get(n.type_name)
+        rel = releases.get(n.id, n.release_at_s)
+        if t is None or n.launched_at_s is None or rel is None or rel <= now:
+            continue
+        out.append(Machine(n.slots, n.speed, max(now, n.ready_at_s or now), rel, t.price_per_hour,
+                           n.launched_at_s, t.billing, running, t.name))
+    for name, count, life_s in launches:
+        t = snap.types[name]
+        for _ in range(count):
+            out.append(Machine(t.slots, t.speed, now + t.boot_s, now + max(life_s, t.boot_s),
+                               t.price_per_hour, now, t.billing, (), t.name))
+    return out
+
+
+def closed_spend_usd(snap: Snapshot, now: float) -> float:
+    """Committed spend of instances no longer live (live ones are charged by the forecast)."""
+    live = 0.0
+    for n in snap.nodes:
+        if n.is_private or n.launched_at_s is None:
+            continue
+        t = snap.types.get(n.type_name)
+        if t is not None:
+            live += t.billing.cost_usd(max(now, n.launched_at_s) - n.launched_at_s, t.price_per_hour)
+    return max(snap.committed_usd - live, 0.0)
+
+
+def forecast_fleet(ctl, snap: Snapshot, rem: RemainingWork, now: float, releases: Mapping[str, float],
+                   launches: Sequence[tuple[str, int, float]], rng: np.random.Generator,
+                   horizon_at_s: float | None = None, tail_ref_s: float | None = None,
+                   replicates: int | None = None) -> Forecast | None:
+    """The forecast of the run with this fleet (None when there is no machine at all);
+    ``horizon_at_s``: the planning deadline the controller sheds surplus against."""
+    machines = fleet_after(snap, now, releases, launches, ctl.private)
+    if not machines:
+        return None
+    law = runtime_law(snap, rem)
+    pending = Pending(snap.pending.unknown_count, np.asarray(snap.pending.known_estimates_ref_s(), dtype=float))
+    fit = rem.mean_ref_s + ctl.config.fit_z * rem.sd_ref_s  # the dispatcher's size for a task without an estimate
+    # The controller sheds while (1 + h') x the work's upper value still fits (fleet.shed),
+    # h' and the upper value's band as the estimate stands now; as the run goes on both
+    # shrink toward ``hysteresis_min``. What it keeps in the end lies between the two.
+    band = (rem.upper_ref_s - rem.point_ref_s) / max(rem.point_ref_s, 1e-9)
+    h = min(ctl.config.hysteresis, max(ctl.config.hysteresis_min, band))
+    keep = (ctl.config.hysteresis_min, max((1 + band) * (1 + h) - 1, ctl.config.hysteresis_min))
+    return forecast(machines, law, pending, now_s=now, started_at_s=snap.started_at_s,
+                    spent_usd=closed_spend_usd(snap, now), rng=rng,
+                    replicates=ctl.config.promise_replicates if replicates is None else replicates,
+                    fit_ref_s=fit, horizon_at_s=horizon_at_s, keep_margin=keep,
+                    end_allowance_s=ctl.planner.options.phi_s, tail_ref_s=tail_ref_s,
+                    deadline_at_s=snap.started_at_s + float(ctl.goal.value) if ctl.goal.kind == "deadline" else None)
+
+
+TAIL_RISK_SHARE = 0.1  # of delta: the high quantile a task started near a deadline must fit
+
+
+def tail_size_ref_s(snap: Snapshot, rem: RemainingWork, confidence: float) -> float | None:
+    """The runtime a task without an estimate stays under with probability
+    ``1 - TAIL_RISK_SHARE x delta`` (99% at 90% confidence: with ten such tasks started in
+    the deadline's last window, the chance one of them overruns stays within delta), from
+    the same law as the promise; None when every task has an estimate."""
+    if snap.pending.unknown_count == 0:
+        return None
+    return runtime_law(snap, rem).quantile(1.0 - TAIL_RISK_SHARE * (1.0 - confidence))

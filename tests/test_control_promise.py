@@ -1,0 +1,90 @@
+"""The promise pass's rules, each decided on a small hand-made state (broker/core/control/
+promises.py, dispatch.tail_limit_ref), and a simulated run's promise across the surfaces."""
+
+import math
+
+import numpy as np
+import pytest
+
+from broker.core.billing import Billing
+from broker.core.control.controller import Controller, ControllerConfig
+from broker.core.control.dispatch import tail_limit_ref
+from broker.core.control.pool import TaskPool
+from broker.core.control.promises import _adjust_allowance
+from broker.core.control.scratch import Scratch
+from broker.core.control.snapshot import Goal, Memory, NodeView, Observations, Snapshot
+from broker.core.model import Inventory, MachineType, PrivateNode
+from broker.core.plan.promise import Forecast
+from broker.sim.engine import SimOptions, SimWorkload, Simulation
+
+DEADLINE_S = 10 * 3600.0
+
+
+def snap(now: float) -> Snapshot:
+    return Snapshot(now_s=now, types={}, nodes=(), pending=TaskPool(), tasks_total=10, tasks_done=0,
+                    observations=Observations(), committed_usd=0.0)
+
+
+def test_near_the_deadline_a_slow_slot_leaves_a_long_tailed_task_to_a_fast_one():
+    ctl = Controller(Goal("deadline", DEADLINE_S))
+    memory = Memory(tail_size_ref_s=6000.0)
+    slow, fast = NodeView("slow", 1, 1.0), NodeView("fast", 1, 4.0)
+    now = DEADLINE_S - 3600.0  # an hour left: 3,600 ref-s on the slow slot, 14,400 on the fast one
+    assert tail_limit_ref(ctl, snap(now), memory, slow, now, 1000.0, fastest=4.0) == pytest.approx(3600 - 5000)
+    assert tail_limit_ref(ctl, snap(now), memory, fast, now, 1000.0, fastest=4.0) == math.inf
+    early = DEADLINE_S - 5 * 3600.0  # five hours left: the slow slot may still start it
+    assert tail_limit_ref(ctl, snap(early), memory, slow, early, 1000.0, fastest=4.0) >= 1000.0
+    # other goals, or no tail known (every task has an estimate): no limit
+    assert tail_limit_ref(Controller(Goal("budget", 5.0)), snap(now), memory, slow, now, 1000.0, 4.0) == math.inf
+    assert tail_limit_ref(ctl, snap(now), Memory(), slow, now, 1000.0, fastest=4.0) == math.inf
+
+
+def forecast_at(makespan_s: float, running_end_s: float | None = None) -> Forecast:
+    running = None if running_end_s is None else np.full(10, running_end_s)
+    return Forecast(np.full(10, makespan_s), np.full(10, 1.0), 0, running)
+
+
+def test_an_overshoot_pulls_the_planning_deadline_in_but_never_past_half_the_time_left():
+    ctl = Controller(Goal("deadline", DEADLINE_S))
+    now = 3600.0
+    memory = Memory(deadline_at_s=DEADLINE_S)
+    s = Scratch()
+    pulled = _adjust_allowance(ctl, snap(now), memory, now, forecast_at(DEADLINE_S + 1800.0), s)
+    assert pulled.deadline_at_s < DEADLINE_S - 1800.0 and pulled.tail_allowance_s > 1800.0
+    assert "planning" in s.notes[0]
+    huge = _adjust_allowance(ctl, snap(now), memory, now, forecast_at(DEADLINE_S + 50 * 3600.0), Scratch())
+    assert huge.deadline_at_s == pytest.approx(now + 0.5 * (DEADLINE_S - now))
+
+
+def test_no_pull_when_only_the_running_tasks_would_miss():
+    """A task running now that may end past the deadline is not shortened by buying machines."""
+    ctl = Controller(Goal("deadline", DEADLINE_S))
+    now = 8 * 3600.0
+    memory = Memory(deadline_at_s=DEADLINE_S)
+    s = Scratch()
+    kept = _adjust_allowance(ctl, snap(now), memory, now, forecast_at(DEADLINE_S + 3600, DEADLINE_S + 3000), s)
+    assert kept == memory
+    assert "more machines would not help" in s.notes[0]
+
+
+def test_slack_gives_back_half_of_an_allowance():
+    ctl = Controller(Goal("deadline", DEADLINE_S))
+    now = 3600.0
+    memory = Memory(deadline_at_s=DEADLINE_S - 7200.0, tail_allowance_s=7200.0)
+    back = _adjust_allowance(ctl, snap(now), memory, now, forecast_at(DEADLINE_S - 3 * 3600.0), Scratch())
+    assert back.tail_allowance_s == pytest.approx(7200.0 - 0.5 * 3 * 3600.0)
+    assert back.deadline_at_s == pytest.approx(DEADLINE_S - back.tail_allowance_s)
+
+
+def test_a_simulated_run_promises_at_its_first_plan_and_keeps_refreshing():
+    types = (MachineType("m", 2, 2.0, 0.3, 6, 120.0, Billing.hourly()),)
+    inv = Inventory(private=(PrivateNode("own", 2, 1.0, 0.0, local=True),), types=types)
+    rng = np.random.default_rng(5)
+    wl = SimWorkload(rng.lognormal(math.log(600) - 0.5, 1.0, 600), None, None, name="logn")
+    r = Simulation(inv, wl, Goal("deadline", 12 * 3600.0), ControllerConfig(confidence=0.8), SimOptions(seed=5)).run()
+    assert r.promise is not None and r.promise.confidence == 0.8
+    assert r.promise_samples == 30  # made at the first plan, once the sampling phase saw its 30 runtimes
+    assert r.promise.why.startswith("first plan")
+    assert len(r.promise_log) >= 2 and r.promise_log[-1][3].why.startswith("re-plan")
+    lo, hi = r.promise.makespan_s_range
+    assert lo <= r.promise.makespan_s <= hi and r.promise.cost_usd_range[0] <= r.promise.cost_usd
