@@ -477,16 +477,16 @@ class Simulation:
                 self.memory = decision.memory
                 if self.result.promise is None and self.memory.first_promise is not None:
                     self.result.promise = self.memory.first_promise
-                    self.result.promise_samples = self.obs.count
+                    self.result.promise_samples = self.ledger.obs.count
                 p = self.memory.promise
                 if p is not None and (not self.result.promise_log or self.result.promise_log[-1][3] is not p):
-                    self.result.promise_log.append((self.now, self.result.tasks_done, self.obs.count, p))
+                    self.result.promise_log.append((self.now, self.result.tasks_done, self.ledger.obs.count, p))
                 if not first_plan_seen and self.memory.planned_makespan_s is not None:
                     first_plan_seen = True
                     self.result.planned_makespan_s = self.memory.planned_makespan_s
                     self.result.planned_cost_usd = self.memory.planned_cost_usd
                     if decision.remaining is not None:
-                        self.result.planned_work_ref_s = decision.remaining.upper_ref_s + self.obs.sum_ref_s
+                        self.result.planned_work_ref_s = decision.remaining.upper_ref_s + self.ledger.obs.sum_ref_s
                 self._apply(decision.actions)
             if tick:
                 if on_progress is not None:

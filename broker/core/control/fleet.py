@@ -59,7 +59,8 @@ def plan_and_fleet(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
     if result.cause == LaunchCause.BUDGET_SHORT and not memory.budget_stopped:
         s.actions.append(StopForBudget(len(snap.pending)))
         memory = replace(memory, budget_stopped=True)
-    first = memory.last_plan is None and memory.promised_makespan_s is not None
+    initial = memory.last_plan is None
+    first = initial and memory.promised_makespan_s is not None
     memory = replace(
         memory,
         last_plan=result.plan,
@@ -68,7 +69,8 @@ def plan_and_fleet(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
         planned_cost_usd=memory.promised_cost_usd if first else snap.committed_usd + result.plan.cost_usd,
         last_note=result.reason,
     )
-    result = with_hysteresis(ctl, snap, memory, now, rem, result)
+    if not initial:  # the first plan is what was promised (and asked about): carried out as solved
+        result = with_hysteresis(ctl, snap, memory, now, rem, result)
     memory = apply_plan(ctl, snap, memory, now, result, s)
     if ctl.config.promise:
         memory = update_promise(ctl, snap, memory, now, rem, s, result.cause)
