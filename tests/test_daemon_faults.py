@@ -240,6 +240,9 @@ def test_a_partial_launch_is_topped_up_on_another_type(tmp_path, run_dir):
 def test_under_a_budget_every_fault_together_never_spends_past_it(tmp_path, run_dir):
     budget = 0.25
     inv, bag = write_inputs(tmp_path)
+    # Twenty tasks, not ten: with ten, sampling on the private slot sometimes left so few
+    # that the plan bought one c5.large, which no "partial" fault can cut short (CI, once).
+    bag.write_text(bag.read_text().replace("k: [1, 2, 3, 4, 5]", "k: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"))
     # The first launch is throttled, its retry launches half (the type is then avoided), and
     # the first termination times out (retried).
     spec = "throttle:RunInstances:1,partial:c5.large:1,lost_response:RunInstances:1,timeout:TerminateInstances:1"
@@ -252,7 +255,7 @@ def test_under_a_budget_every_fault_together_never_spends_past_it(tmp_path, run_
     assert max(spends + [committed(run_dir)]) <= budget + 1e-9
     settled = query(run_dir, "SELECT state, count(*) FROM tasks GROUP BY state")
     if done.returncode == 0:
-        assert_every_task_done_once(run_dir, TASKS)
+        assert_every_task_done_once(run_dir, 2 * TASKS)
     else:  # the budget stopped the cloud: what is left was not lost, it is pending
         assert events(run_dir, "budget.stop"), settled
     assert_ec2_matches_the_journal(run_dir)
