@@ -69,7 +69,10 @@ def plan_and_fleet(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
         planned_cost_usd=memory.promised_cost_usd if first else snap.committed_usd + result.plan.cost_usd,
         last_note=result.reason,
     )
-    if not initial:  # the first plan is what was promised (and asked about): carried out as solved
+    # A deadline's first plan is what was promised at the confidence (hold_first_deadline) and
+    # asked about: carried out as solved. (No goal keeps the check: its promise is the cheapest
+    # point, and a launch must survive the band.)
+    if not (initial and ctl.goal.kind == GoalKind.DEADLINE):
         result = with_hysteresis(ctl, snap, memory, now, rem, result)
     memory = apply_plan(ctl, snap, memory, now, result, s)
     if ctl.config.promise:
