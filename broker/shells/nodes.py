@@ -37,6 +37,9 @@ log = structlog.get_logger()
 
 AGENTS_DIR = "agents"
 REMOTE_AGENT_ROOT = "~/.broker"
+# An agent with no broker for this long cancels its tasks and exits (a private node's own
+# ``lease`` overrides it): no agent is left running for ever after a crash nobody resumed.
+DEFAULT_LEASE_S = 3600.0
 
 
 def agent_dir(run_dir: Path, node: str) -> Path:
@@ -46,15 +49,17 @@ def agent_dir(run_dir: Path, node: str) -> Path:
 class LocalAgents:
     """Agents on this machine, one state directory per node under ``run_dir/agents``."""
 
-    def __init__(self, run_dir: Path, inbox: queue.Queue, handshake_timeout_s: float = 15.0) -> None:
+    def __init__(self, run_dir: Path, inbox: queue.Queue, handshake_timeout_s: float = 15.0,
+                 lease_s: float | None = DEFAULT_LEASE_S) -> None:
         self.run_dir = Path(run_dir)
         self.inbox = inbox
         self.handshake_timeout_s = handshake_timeout_s
+        self.lease_s = lease_s
 
     def attach(self, node: str, slots: int, expect: tuple = ()) -> AgentClient:
         """``expect``: Runs a previous daemon submitted there (see AgentClient)."""
         state_dir = private_dir(agent_dir(self.run_dir, node))  # 0700 before the agent's first file
-        transport = attach_local_agent(state_dir, slots, node=node, grace_s=1.0)
+        transport = attach_local_agent(state_dir, slots, node=node, grace_s=1.0, lease_s=self.lease_s)
         try:
             return AgentClient(transport, node, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s,
                                expect=expect)
@@ -66,7 +71,8 @@ class LocalAgents:
     def reattach(self, node: str, slots: int, client: AgentClient) -> None:
         """A new connection for ``client`` after its agent's link broke; starts the agent
         again on the same state directory if it is gone (it then reports what it lost)."""
-        transport = attach_local_agent(agent_dir(self.run_dir, node), slots, node=node, grace_s=1.0)
+        transport = attach_local_agent(agent_dir(self.run_dir, node), slots, node=node, grace_s=1.0,
+                                       lease_s=self.lease_s)
         try:
             client.reattach(transport)
         except Exception:
@@ -114,7 +120,8 @@ class SshAgents:
 
         session = connect(SshTarget.for_node(node, known_hosts_path=self.known_hosts_path))
         self._sessions[node.name] = session
-        return open_remote_agent_stream(session, self.run_id, node.name, node.slots, self.remote_root)
+        return open_remote_agent_stream(session, self.run_id, node.name, node.slots, self.remote_root,
+                                        agent_options=node_agent_options(node))
 
     def stop(self, node: str, client: AgentClient | None) -> None:
         _close_client(client, wait_s=5.0)
@@ -125,6 +132,16 @@ class SshAgents:
     def fetch(self, node: str, workdir: str | None, path: str, dest: Path, env: Mapping[str, str]) -> list[Path]:
         """Fetch a task's output (file or directory) from the node over SFTP into ``dest``."""
         return fetch_over_ssh(self._sessions.get(node), node, workdir, path, dest, env)
+
+
+def node_agent_options(node: PrivateNode) -> tuple[str, ...]:
+    """The agent options a private node's inventory entry sets: its lease and keep."""
+    return ("--lease-s", f"{node.lease_s:g}", "--keep-s", f"{node.keep_s:g}")
+
+
+def remote_state_dir(run_id: str, node: str, remote_root: str = REMOTE_AGENT_ROOT) -> str:
+    """The agent's state directory for ``node`` of run ``run_id``, as a remote shell word."""
+    return remote_path(remote_root, f"runs/{run_id}/{node}")
 
 
 def fetch_local(workdir: str | None, path: str, dest: Path, env: Mapping[str, str]) -> list[Path]:
@@ -207,17 +224,38 @@ def start_remote_agent(
 
 
 def open_remote_agent_stream(session: Any, run_id: str, node: str, slots: int,
-                             remote_root: str = REMOTE_AGENT_ROOT) -> Any:
+                             remote_root: str = REMOTE_AGENT_ROOT,
+                             agent_options: tuple[str, ...] = ("--lease-s", f"{DEFAULT_LEASE_S:g}")) -> Any:
     """Ship the agent over ``session`` and open a stream to it (``attach`` starts its daemon
-    if none runs, else joins the one that outlived an earlier connection)."""
+    if none runs, else joins the one that outlived an earlier connection). ``agent_options``
+    are passed on to the daemon (its lease, keep)."""
     remote_dir = session.deploy_agent(f"{remote_root}/agent")
     q = shlex.quote
     command = (
         f"python3 -B {q(remote_dir + '/agent.py')} attach"  # -B: no __pycache__ (0755 under the login's umask)
-        f" --state-dir {remote_path(remote_root, f'runs/{run_id}/{node}')}"
+        f" --state-dir {remote_state_dir(run_id, node, remote_root)}"
         f" --slots {int(slots)} --node {q(node)}"
+        + "".join(f" {q(option)}" for option in agent_options)
     )
     return session.open_stream(command)
+
+
+def stop_remote_agent(session: Any, run_id: str, node: str, remote_root: str = REMOTE_AGENT_ROOT,
+                      keep_s: float | None = None, timeout_s: float = 60.0) -> dict[str, Any]:
+    """Stop the agent of ``node`` for run ``run_id`` over ``session`` and every task it ran
+    (``agent.py stop``), and apply ``keep_s`` to its state; returns what the agent reported."""
+    import json
+
+    remote_dir = session.deploy_agent(f"{remote_root}/agent")
+    command = (f"python3 -B {shlex.quote(remote_dir + '/agent.py')} stop"
+               f" --state-dir {remote_state_dir(run_id, node, remote_root)}"
+               + (f" --keep-s {keep_s:g}" if keep_s is not None else ""))
+    result = session.run(command, timeout_s=timeout_s)
+    lines = result.stdout.strip().splitlines()
+    if result.exit_code != 0 or not lines:
+        raise ConnectionError(f"`agent.py stop` on {node} failed (exit {result.exit_code}): "
+                              f"{result.stderr.strip()[-500:] or 'no output'}")
+    return json.loads(lines[-1])
 
 
 class InstanceUnreachable(ConnectionError):
