@@ -180,11 +180,19 @@ def test_live_need_not_give_aws_fields_for_a_run_that_will_not_rent():
 def test_a_private_node_names_its_own_known_hosts_lease_and_keep(tmp_path):
     known = tmp_path / "lab_known_hosts"
     known.write_text("")
-    text = (f"private:\n  - {{name: lab, host: h, key: k, slots: 1, known_hosts: {known}, lease: 2h, keep: 1d}}\n"
-            "  - {name: me, local: true, slots: 1}\n")
+    text = (f"private:\n  - {{name: lab, host: h, key: k, slots: 1, known_hosts: {known}, grace: 30m, lease: 2h, "
+            "keep: 1d}\n  - {name: me, local: true, slots: 1}\n")
     lab, me = parse_inventory(text, live=False).private
-    assert (lab.known_hosts, lab.lease_s, lab.keep_s) == (str(known), 7200.0, 86400.0)
-    assert (me.known_hosts, me.lease_s, me.keep_s) == (None, 3600.0, 0.0)  # the defaults
+    assert (lab.known_hosts, lab.grace_s, lab.lease_s, lab.keep_s) == (str(known), 1800.0, 7200.0, 86400.0)
+    assert (me.known_hosts, me.grace_s, me.lease_s, me.keep_s) == (None, 600.0, 3600.0, 0.0)  # the defaults
+
+
+def test_a_lease_no_longer_than_the_grace_is_refused():
+    with pytest.raises(ConfigError) as exc:
+        parse_inventory("private:\n  - {name: lab, host: h, slots: 1, grace: 1h}\n", "inv.yaml")
+    assert rendered(exc) == ["inv.yaml:2: private[0].lease: the lease (3600 s) must be longer than the grace "
+                             "(3600 s): the node's agent would stop its tasks while the broker still waits for "
+                             "the node"]
 
 
 def test_relative_key_and_known_hosts_are_read_from_the_base_directory(tmp_path):

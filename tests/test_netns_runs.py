@@ -59,23 +59,29 @@ def _wait(condition, timeout_s: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
+def _run_then_leave(tmp_path: Path, inventory: Path, bag: Path, ready) -> tuple[str, str]:
+    """``broker run --on-stop leave`` in ``tmp_path/run`` (HOME ``tmp_path/home``), SIGTERMed
+    once ``ready()``; its stdout and stderr."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    broker = subprocess.Popen([sys.executable, "-m", "broker", "run", "--yes", "--inventory", str(inventory),
+                               str(bag), "--run-dir", str(tmp_path / "run"), "--on-stop", "leave"],
+                              env=_env(home), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait(ready, 120, "the run to be under way on the hosts")
+    finally:
+        broker.send_signal(signal.SIGTERM)
+        stdout, stderr = broker.communicate(timeout=120)
+    return stdout, stderr
+
+
 def test_leave_then_down_leaves_no_agent_or_task_on_any_host(netns_hosts_factory, tmp_path):
     hosts = netns_hosts_factory(3)
     inventory, bag = _write_inputs(tmp_path, hosts, 2, 'command: "sleep 120; echo {i}"\n'
                                    "sweep: {i: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]}\ntimeout: 10m\nretries: 0\n")
-    home = tmp_path / "home"
-    home.mkdir()
-    run_dir = tmp_path / "run"
-    broker = subprocess.Popen([sys.executable, "-m", "broker", "run", "--yes", "--inventory", str(inventory),
-                               str(bag), "--run-dir", str(run_dir), "--on-stop", "leave"],
-                              env=_env(home), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait(lambda: all(h.agent_pids() for h in hosts) and sum(
-            "sleep 120" in c for h in hosts for c in h.broker_processes().values()) >= 2,
-              120, "an agent on every host and tasks running")
-    finally:
-        broker.send_signal(signal.SIGTERM)
-        stdout, stderr = broker.communicate(timeout=120)
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    stdout, stderr = _run_then_leave(tmp_path, inventory, bag, lambda: all(h.agent_pids() for h in hosts) and sum(
+        "sleep 120" in c for h in hosts for c in h.broker_processes().values()) >= 2)
     assert "left the run's instances and agents running" in stdout, stderr[-3000:]
     for host in hosts:  # left running, as asked
         assert host.agent_pids(), host.name
@@ -101,17 +107,8 @@ def test_down_names_a_host_it_cannot_reach_and_exits_1(netns_hosts_factory, tmp_
     hosts = netns_hosts_factory(2)
     inventory, bag = _write_inputs(tmp_path, hosts, 1, 'command: "sleep 120; echo {i}"\nsweep: {i: [1, 2, 3, 4]}\n'
                                    "timeout: 10m\nretries: 0\n")
-    home = tmp_path / "home"
-    home.mkdir()
-    run_dir = tmp_path / "run"
-    broker = subprocess.Popen([sys.executable, "-m", "broker", "run", "--yes", "--inventory", str(inventory),
-                               str(bag), "--run-dir", str(run_dir), "--on-stop", "leave"],
-                              env=_env(home), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait(lambda: all(h.agent_pids() for h in hosts), 120, "an agent on every host")
-    finally:
-        broker.send_signal(signal.SIGTERM)
-        broker.communicate(timeout=120)
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    _run_then_leave(tmp_path, inventory, bag, lambda: all(h.agent_pids() for h in hosts))
     hosts[1].kill_sshd()
     down = subprocess.run([sys.executable, "-m", "broker", "down", str(run_dir)], env=_env(home), cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)

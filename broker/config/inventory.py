@@ -9,6 +9,8 @@ Schema (every key but the marked ones optional)::
         speed: 1.0                # > 0 reference seconds per second, default 1
         cost_per_hour: 0          # USD >= 0, default 0
         known_hosts: ~/.ssh/known_hosts   # SSH nodes: the file holding the node's host key
+        grace: 10m                # a node that stops answering keeps its tasks this long
+                                  # while the broker reconnects; then they are re-queued
         lease: 1h                 # the node's agent cancels its tasks and exits after this
                                   # long without a broker (a crash nobody resumed)
         keep: 0s                  # how long a finished run's state stays on the node
@@ -185,11 +187,12 @@ def _private_node(check: Checker, item: Node, path: str, live: bool) -> PrivateN
     )
 
 
-_AGENT_FIELDS = ("known_hosts", "lease", "keep")
+_AGENT_FIELDS = ("known_hosts", "grace", "lease", "keep")
 
 
 def _agent_fields(check: Checker, fields: dict[str, Node], path: str, live: bool) -> dict[str, object]:
-    """A private node's ``known_hosts`` (must exist for a live run), ``lease`` and ``keep``."""
+    """A private node's ``known_hosts`` (must exist for a live run), ``grace``, ``lease`` (longer
+    than the grace: an agent must not give up on a broker that still waits for it) and ``keep``."""
     out: dict[str, object] = {}
     if "known_hosts" in fields:
         node = fields["known_hosts"]
@@ -199,10 +202,22 @@ def _agent_fields(check: Checker, fields: dict[str, Node], path: str, live: bool
             if live and "host" in fields and not os.path.isfile(known):
                 check.problem(join(path, "known_hosts"), f"known_hosts file not found: {known}", node.where)
             out["known_hosts"] = known
+    if "grace" in fields:
+        grace = check.duration(fields["grace"], join(path, "grace"))
+        if grace is not None:
+            out["grace_s"] = grace
     if "lease" in fields:
         lease = check.duration(fields["lease"], join(path, "lease"), positive=True)
         if lease is not None:
             out["lease_s"] = lease
+    defaults = PrivateNode(name="", slots=1)
+    grace_s = float(out.get("grace_s", defaults.grace_s))  # type: ignore[arg-type]
+    lease_s = float(out.get("lease_s", defaults.lease_s))  # type: ignore[arg-type]
+    if ("grace" in fields or "lease" in fields) and lease_s <= grace_s:
+        where = fields["lease"] if "lease" in fields else fields["grace"]
+        check.problem(join(path, "lease"), f"the lease ({lease_s:g} s) must be longer than the grace "
+                      f"({grace_s:g} s): the node's agent would stop its tasks while the broker still "
+                      "waits for the node", where.where)
     if "keep" in fields:
         keep = check.duration(fields["keep"], join(path, "keep"))  # never negative
         if keep is not None:
