@@ -103,7 +103,7 @@ def test_finished_state_is_kept_for_keep_then_swept(tmp_path):
     client.shutdown(drain=True)
     client.wait_closed(10)
     client.close()
-    assert wait_until(lambda: (state / FINISHED_NAME).exists(), 10.0)
+    assert wait_until(lambda: (state / FINISHED_NAME).exists() and local_agent_pid(state) is None, 10.0)
     unfinished = runs / "run-0" / "node"  # a crashed run's state: its results are not known to be safe
     unfinished.mkdir(parents=True)
     (unfinished / "journal").write_text("")
