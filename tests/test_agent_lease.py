@@ -23,7 +23,7 @@ from broker.shells.agent_client import AgentClient
 from broker.shells.local_transport import AGENT_SCRIPT, attach_local_agent, local_agent_pid
 from tests.processes import agent_task_processes
 from tests.test_agent import agent_dir, results_until, wait_for, wait_until  # noqa: F401 - fixture
-from workers.agent import FINISHED_NAME, sweep_finished
+from workers.agent import FINISHED_NAME, _held, sweep_finished
 from workers.protocol import Result, Run, Started
 
 
@@ -103,7 +103,8 @@ def test_finished_state_is_kept_for_keep_then_swept(tmp_path):
     client.shutdown(drain=True)
     client.wait_closed(10)
     client.close()
-    assert wait_until(lambda: (state / FINISHED_NAME).exists() and local_agent_pid(state) is None, 10.0)
+    # until the agent has exited: it holds the lock (and a held state is never swept) after its pid file went
+    assert wait_until(lambda: (state / FINISHED_NAME).exists() and not _held(str(state)), 10.0)
     unfinished = runs / "run-0" / "node"  # a crashed run's state: its results are not known to be safe
     unfinished.mkdir(parents=True)
     (unfinished / "journal").write_text("")

@@ -189,7 +189,7 @@ def test_a_private_node_names_its_own_known_hosts_lease_and_keep(tmp_path):
 
 def test_a_lease_no_longer_than_the_grace_is_refused():
     with pytest.raises(ConfigError) as exc:
-        parse_inventory("private:\n  - {name: lab, host: h, slots: 1, grace: 1h}\n", "inv.yaml")
+        parse_inventory("private:\n  - {name: lab, host: h, key: k, slots: 1, grace: 1h}\n", "inv.yaml")
     assert rendered(exc) == ["inv.yaml:2: private[0].lease: the lease (3600 s) must be longer than the grace "
                              "(3600 s): the node's agent would stop its tasks while the broker still waits for "
                              "the node"]
@@ -202,7 +202,9 @@ def test_relative_key_and_known_hosts_are_read_from_the_base_directory(tmp_path)
 
 
 def test_live_refuses_a_missing_known_hosts_and_bad_lease_or_keep(tmp_path):
-    text = (f"private:\n  - {{name: lab, host: h, slots: 1, known_hosts: {tmp_path}/nope, lease: 0s, keep: -1}}\n"
+    key = _key(tmp_path, 0o600)
+    text = (f"private:\n  - {{name: lab, host: h, key: {key}, slots: 1, known_hosts: {tmp_path}/nope, lease: 0s, "
+            "keep: -1}\n"
             "  - {name: me, local: true, slots: 1, known_hosts: x}\n")
     with pytest.raises(ConfigError) as exc:
         parse_inventory(text, "inv.yaml", live=True)
