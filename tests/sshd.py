@@ -117,8 +117,14 @@ class TestSshd:
 
 
 @contextlib.contextmanager
-def running_sshd(directory: Path) -> Iterator[TestSshd]:
-    """Start a test sshd with its keys and config under ``directory``; stop it on exit."""
+def running_sshd(directory: Path, *, host: str = "127.0.0.1", port: int | None = None,
+                 prefix: tuple[str, ...] = ()) -> Iterator[TestSshd]:
+    """Start a test sshd with its keys and config under ``directory``; stop it on exit.
+
+    ``host``/``port``: where it listens (default 127.0.0.1 and a free port); ``prefix``: a
+    command that runs sshd elsewhere, e.g. ``("ip", "netns", "exec", NAME)`` (see
+    ``tests/netns_hosts.py``), where ``port`` must be given.
+    """
     reason = sshd_missing_reason()
     if reason is not None:
         raise SshdUnavailable(reason)
@@ -133,11 +139,12 @@ def running_sshd(directory: Path) -> Iterator[TestSshd]:
     authorized.write_text(client_key.with_suffix(".pub").read_text())
     host_public_key = " ".join(host_key.with_suffix(".pub").read_text().split()[:2])
 
-    started = _start(directory, host_key, authorized)
+    started = _start(directory, host_key, authorized, host=host, port=port, prefix=prefix)
     known_hosts = directory / "known_hosts"
-    known_hosts.write_text(f"[127.0.0.1]:{started.port} {host_public_key}\n")
+    name = host if started.port == 22 else f"[{host}]:{started.port}"
+    known_hosts.write_text(f"{name} {host_public_key}\n")
     server = TestSshd(
-        host="127.0.0.1",
+        host=host,
         port=started.port,
         user=getpass.getuser(),
         client_key_path=client_key,
@@ -158,19 +165,21 @@ class _Started:
     process: subprocess.Popen[bytes]
 
 
-def _start(directory: Path, host_key: Path, authorized: Path) -> _Started:
-    """Start sshd on a free port; retry on the rare race where the port is taken meanwhile."""
+def _start(directory: Path, host_key: Path, authorized: Path, *, host: str = "127.0.0.1",
+           port: int | None = None, prefix: tuple[str, ...] = ()) -> _Started:
+    """Start sshd on ``port`` or a free one (retrying on the rare race where a free port is
+    taken meanwhile), through ``prefix`` when given."""
     last_error = ""
     home = directory / "home"
     home.mkdir(exist_ok=True)
-    for _attempt in range(5):
-        port = _free_port()
+    for _attempt in range(1 if port is not None else 5):
+        listen_port = port if port is not None else _free_port()
         config = directory / "sshd_config"
         config.write_text(
             "\n".join(
                 [
-                    "ListenAddress 127.0.0.1",
-                    f"Port {port}",
+                    f"ListenAddress {host}",
+                    f"Port {listen_port}",
                     f"HostKey {host_key}",
                     f"AuthorizedKeysFile {authorized}",
                     "PubkeyAuthentication yes",
@@ -194,17 +203,17 @@ def _start(directory: Path, host_key: Path, authorized: Path) -> _Started:
         )
         log = open(directory / "sshd.log", "ab")
         process = subprocess.Popen(
-            [SSHD_BINARY, "-D", "-e", "-f", str(config)],
+            [*prefix, SSHD_BINARY, "-D", "-e", "-f", str(config)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
             start_new_session=True,
         )
         log.close()
-        if _wait_listening(port, process):
+        if _wait_listening(host, listen_port, process):
             # Let the readiness probe's connection process exit, so a test starts with none.
             _wait_gone(_descendants(process.pid), timeout_s=2.0)
-            return _Started(port, process)
+            return _Started(listen_port, process)
         _stop_process_tree(process)
         last_error = (directory / "sshd.log").read_text(errors="replace")[-2000:]
     raise SshdUnavailable(f"sshd did not start; its log ends with:\n{last_error}")
@@ -227,13 +236,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_listening(port: int, process: subprocess.Popen[bytes]) -> bool:
+def _wait_listening(host: str, port: int, process: subprocess.Popen[bytes]) -> bool:
     deadline = time.monotonic() + _READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
             return False
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            with socket.create_connection((host, port), timeout=0.5) as s:
                 s.settimeout(2.0)
                 # Ready means it speaks SSH, not merely that something holds the port.
                 return s.recv(4).startswith(b"SSH-")

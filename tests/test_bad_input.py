@@ -324,12 +324,13 @@ def _(env: ProbeEnv) -> Seen:
     return Seen(message, str(locked))
 
 
-@probe("ssh-unknown-host-key", "ssh", "is not in known_hosts", "verify it", "trust_on_first_use")
+@probe("ssh-unknown-host-key", "ssh", "is not in known_hosts", "Check that fingerprint", "ssh-keyscan -p")
 def _(env: ProbeEnv) -> Seen:
     empty = env.tmp / "known_hosts"
     empty.write_text("")
     message = _ssh_failure(_target(env, known_hosts_path=str(empty)))
     assert empty.read_text() == ""  # nothing trusted behind the user's back
+    assert "trust_on_first_use" not in message  # no inventory or CLI setting has that name
     return Seen(message, f"host key for 127.0.0.1:{env.sshd.port}")
 
 

@@ -168,6 +168,54 @@ def test_live_lists_every_missing_aws_field_at_the_aws_key():
     ]
 
 
+def test_live_need_not_give_aws_fields_for_a_run_that_will_not_rent():
+    text = "private:\n  - {name: n, local: true, slots: 1}\naws:\n  types:\n    - {name: t, slots: 1, speed: 1, price: 1, limit: 1}\n"
+    inventory = parse_inventory(text, live=True, rents=False)
+    assert [t.name for t in inventory.types] == ["t"] and inventory.aws.ami is None
+    with pytest.raises(ConfigError):
+        parse_inventory(text, live=True)
+
+
+# -- private nodes: host keys, lease, keep ----------------------------------------------------
+def test_a_private_node_names_its_own_known_hosts_lease_and_keep(tmp_path):
+    known = tmp_path / "lab_known_hosts"
+    known.write_text("")
+    text = (f"private:\n  - {{name: lab, host: h, key: k, slots: 1, known_hosts: {known}, grace: 30m, lease: 2h, "
+            "keep: 1d}\n  - {name: me, local: true, slots: 1}\n")
+    lab, me = parse_inventory(text, live=False).private
+    assert (lab.known_hosts, lab.grace_s, lab.lease_s, lab.keep_s) == (str(known), 1800.0, 7200.0, 86400.0)
+    assert (me.known_hosts, me.grace_s, me.lease_s, me.keep_s) == (None, 600.0, 3600.0, 0.0)  # the defaults
+
+
+def test_a_lease_no_longer_than_the_grace_is_refused():
+    with pytest.raises(ConfigError) as exc:
+        parse_inventory("private:\n  - {name: lab, host: h, key: k, slots: 1, grace: 1h}\n", "inv.yaml")
+    assert rendered(exc) == ["inv.yaml:2: private[0].lease: the lease (3600 s) must be longer than the grace "
+                             "(3600 s): the node's agent would stop its tasks while the broker still waits for "
+                             "the node"]
+
+
+def test_relative_key_and_known_hosts_are_read_from_the_base_directory(tmp_path):
+    text = "private:\n  - {name: lab, host: h, key: keys/k, known_hosts: keys/kh, slots: 1}\n"
+    node = parse_inventory(text, base=tmp_path).private[0]
+    assert (node.key, node.known_hosts) == (str(tmp_path / "keys/k"), str(tmp_path / "keys/kh"))
+
+
+def test_live_refuses_a_missing_known_hosts_and_bad_lease_or_keep(tmp_path):
+    key = _key(tmp_path, 0o600)
+    text = (f"private:\n  - {{name: lab, host: h, key: {key}, slots: 1, known_hosts: {tmp_path}/nope, lease: 0s, "
+            "keep: -1}\n"
+            "  - {name: me, local: true, slots: 1, known_hosts: x}\n")
+    with pytest.raises(ConfigError) as exc:
+        parse_inventory(text, "inv.yaml", live=True)
+    assert rendered(exc) == [
+        f"inv.yaml:2: private[0].known_hosts: known_hosts file not found: {tmp_path}/nope",
+        "inv.yaml:2: private[0].lease: must be longer than 0 seconds, got the string '0s'",
+        "inv.yaml:2: private[0].keep: a duration must be a finite number of seconds >= 0, got -1",
+        "inv.yaml:3: private[1].known_hosts: known_hosts only apply to SSH nodes (this one is local: true)",
+    ]
+
+
 # -- all problems at once -----------------------------------------------------------------
 def test_every_problem_is_reported_in_line_order():
     text = """\

@@ -75,8 +75,9 @@ def test_unknown_host_key_is_refused_with_a_message_saying_what_to_do(sshd: Test
     with capture_logs() as events, pytest.raises(HostKeyUnknown) as refused:
         connect(target_for(sshd, known_hosts_path=str(empty)))
     message = str(refused.value)
-    assert f"host key for 127.0.0.1:{sshd.port} is not in known_hosts" in message
-    assert "trust_on_first_use" in message
+    assert f"host key for 127.0.0.1:{sshd.port} is not in known_hosts ({empty})" in message
+    assert f"`ssh-keyscan -p {sshd.port} 127.0.0.1 >> {empty}`" in message
+    assert "trust_on_first_use" not in message  # what a user can do, not a parameter they cannot set
     assert fingerprint_of(sshd.directory / "ssh_host_ed25519_key.pub") in message
     assert empty.read_text() == ""
     assert [e["event"] for e in events] == ["ssh.error"]

@@ -6,7 +6,7 @@ that module from there when run as a script). Three ways to run it::
     python3 agent.py attach --state-dir D --slots N        # what the master execs
     python3 agent.py serve  --state-dir D --slots N        # the daemon, in the foreground
     python3 agent.py serve  --stdio --state-dir D --slots N
-    python3 agent.py stop   --state-dir D                  # what `broker down` runs over SSH
+    python3 agent.py stop   --state-dir D [--keep-s K]       # what `broker down` runs over SSH
 
 ``attach`` connects to the daemon serving ``D`` (starting it in a new session first if none
 is running, so closing an SSH channel cannot kill it) and then copies its own stdin to the
@@ -69,6 +69,20 @@ the file's size, which the punched holes leave as the task's writes made it: exa
 task that writes its stream in order. Where the file system cannot punch holes the file is
 cut back to the cap instead, and the count then misses what the task wrote during a cut.
 
+Lease. With ``--lease-s L`` the daemon holds a lease on its node: after ``L`` seconds with
+no master connected (the broker crashed and nobody resumed, or the node was cut off for
+longer than any reconnect) it cancels its tasks and exits, so no agent or task is left
+running for ever. The results it holds stay in its journal for a master that comes back.
+
+Clean-up. With ``--keep-s K`` a state directory whose results are safe (the master sent
+``Shutdown`` and had acknowledged every result) is marked ``finished`` when the agent exits;
+``K = 0`` removes it there and then (with its run's directory once empty), otherwise the
+next agent started on the node, or ``stop``, removes every finished state directory of
+``<root>/runs/*/`` older than ``K``. ``python3 agent.py stop --state-dir D [--keep-s K]``
+(what ``broker down`` runs on each node) stops the agent serving ``D`` and what its tasks
+left (:func:`stop_agent`), and applies ``K`` to ``D`` as if it had finished; it says what it
+did in a line, then as JSON.
+
 Results are journaled before they are sent and replayed on every new connection until the
 master acknowledges them, so neither a dropped connection nor an agent restart loses one.
 A Run for a (task, attempt) the agent already knows is answered, never run twice: with
@@ -111,6 +125,7 @@ PID_NAME = "agent.pid"
 LOG_NAME = "agent.log"
 JOURNAL_NAME = "journal"
 OUT_DIR = "out"
+FINISHED_NAME = "finished"  # written when the state's results are safe (see Clean-up)
 
 TAIL_BYTES = 4096
 PROGRESS_TOKEN = b"BROKER_PROGRESS"
@@ -320,9 +335,25 @@ def stop_agent(state_dir: str, timeout_s: float = 10.0) -> Tuple[bool, int]:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    """``agent.py stop --state-dir D``: what ``broker down`` runs on a node it reaches by SSH."""
-    ran, killed = stop_agent(args.state_dir, args.timeout_s)
+    """``agent.py stop --state-dir D [--keep-s K]``: what ``broker down`` runs on a node it
+    reaches by SSH. Stops the agent and what its tasks left, then (``--keep-s``) treats the
+    state as finished: removed at once (0) or swept once ``K`` has passed. One line saying
+    what it did, then the same as JSON (``stop_remote_agent`` reads the JSON)."""
+    import json
+
+    state_dir = os.path.abspath(os.path.expanduser(args.state_dir))
+    exists = os.path.isdir(state_dir)
+    ran, killed = stop_agent(state_dir, args.timeout_s) if exists else (False, 0)
+    report: Dict[str, object] = {"state_dir": state_dir, "stopped": ran, "tasks_killed": killed, "removed": False}
+    if args.keep_s is not None:
+        if exists:
+            mark_finished(state_dir)
+            if args.keep_s <= 0:
+                remove_state(state_dir)
+            report["removed"] = not os.path.exists(state_dir)
+        report["swept"] = len(sweep_finished(state_dir, args.keep_s))
     print(f"agent {'stopped' if ran else 'not running'}; {killed} leftover process(es) killed")
+    print(json.dumps(report), flush=True)
     return 0
 
 
@@ -615,7 +646,8 @@ class Agent:
 
     def __init__(self, state_dir: str, slots: int, node: str, grace_s: float = 5.0,
                  idle_exit_s: float = 0.0, progress_poll_s: float = 0.25,
-                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES, reap_orphans: bool = False) -> None:  # fmt: skip
+                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES, reap_orphans: bool = False,
+                 lease_s: float = 0.0, keep_s: Optional[float] = None) -> None:  # fmt: skip
         if slots < 1:
             raise ValueError("slots must be at least 1")
         if max_output_bytes < 0:
@@ -627,6 +659,9 @@ class Agent:
         self.grace_s = grace_s
         self.idle_exit_s = idle_exit_s
         self.progress_poll_s = progress_poll_s
+        self.lease_s = lease_s  # 0: no lease
+        self.keep_s = keep_s  # None: state kept for good
+        self._master_shutdown = False  # a master's Shutdown ended this agent
         self.out_dir = os.path.join(state_dir, OUT_DIR)
         private_makedirs(self.out_dir)
         self.reap_orphans = reap_orphans  # we are the subreaper: adopted leftovers are ours to kill
@@ -708,6 +743,7 @@ class Agent:
                 for selected, mask in self._sel.select(self._wait_s()):
                     selected.data(mask)
                 self._fire_timers(time.monotonic())
+                self._check_lease(time.monotonic())
                 self._start_queued()
                 self._journal.flush()
                 if self._journal.oversized:
@@ -729,6 +765,8 @@ class Agent:
             deadlines.append(self._idle_since + self.idle_exit_s)
         if self.reap_orphans and self._ended_since_scan:
             deadlines.append(self._next_orphan_scan)
+        if self._lease_pending():
+            deadlines.append(self._idle_since + self.lease_s)
         return max(0.0, min(deadlines) - now) if deadlines else None
 
     def _finished(self) -> bool:
@@ -743,6 +781,31 @@ class Agent:
 
     def _idle_exit_pending(self) -> bool:
         return self.idle_exit_s > 0 and self._peer is None and not self._running and not self._queued
+
+    # ----------------------------------------------------------------- lease and clean-up
+
+    def _lease_pending(self) -> bool:
+        return self.lease_s > 0 and self._peer is None and self._shutdown is None
+
+    def _check_lease(self, now: float) -> None:
+        """No master for ``lease_s``: cancel the tasks and stop (the results stay journaled)."""
+        if self._lease_pending() and now >= self._idle_since + self.lease_s:
+            log(f"no master for {self.lease_s:g} s (the lease): cancelling "
+                f"{len(self._running) + len(self._queued)} task(s) and stopping")
+            self._begin_shutdown(drain=False)
+
+    def _results_safe(self) -> bool:
+        """A master ended this agent and had acknowledged every result."""
+        return self._master_shutdown and not self._results and not self._running and not self._queued
+
+    def _after_exit(self) -> None:
+        """Mark the state finished when its results are safe, and apply ``keep_s``."""
+        if self.keep_s is None or not self._results_safe():
+            return
+        mark_finished(self.state_dir)
+        if self.keep_s <= 0:
+            remove_state(self.state_dir)
+            log(f"results safe: removed {self.state_dir}")
 
     def _close(self) -> None:
         self._kill_orphans_at_exit()
@@ -767,6 +830,7 @@ class Agent:
                 except FileNotFoundError:
                     pass
         log("stopped")
+        self._after_exit()
 
     # ----------------------------------------------------------------- the master
 
@@ -856,6 +920,7 @@ class Agent:
             peer.send(wire.Pong(message.seq))
         elif isinstance(message, wire.Shutdown):
             log(f"shutdown requested ({'drain' if message.drain else 'cancel'})")
+            self._master_shutdown = True
             self._begin_shutdown(message.drain)
 
     def _hello(self) -> wire.Hello:
@@ -1275,7 +1340,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _task_umask()
     subreaper = _become_subreaper()
     agent = Agent(state_dir, args.slots, args.node, args.grace_s, args.idle_exit_s, args.progress_poll_s,
-                  args.max_output_bytes, reap_orphans=subreaper)  # fmt: skip
+                  args.max_output_bytes, reap_orphans=subreaper, lease_s=args.lease_s,
+                  keep_s=args.keep_s)  # fmt: skip
     leftovers = kill_leftovers(state_dir)
     if leftovers:
         log(f"killed {leftovers} process(es) an earlier agent of {state_dir} had left running")
@@ -1334,6 +1400,8 @@ def _connect_or_start(args: argparse.Namespace, state_dir: str) -> socket.socket
 def cmd_attach(args: argparse.Namespace) -> int:
     """Bridge stdin/stdout to the daemon; return when the daemon ends the connection."""
     state_dir = _prepare_state_dir(args.state_dir)
+    if args.keep_s is not None:
+        sweep_finished(state_dir, args.keep_s)
     os.chdir(state_dir)
     sock = _connect_or_start(args, state_dir)
 
@@ -1370,7 +1438,88 @@ def _common_argv(args: argparse.Namespace) -> List[str]:
         "--slots", str(args.slots), "--node", args.node, "--grace-s", repr(args.grace_s),
         "--idle-exit-s", repr(args.idle_exit_s), "--progress-poll-s", repr(args.progress_poll_s),
         "--max-output-bytes", str(args.max_output_bytes),
-    ]  # fmt: skip
+    ] + _lease_argv(args)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- lease, stop, clean-up
+
+
+def _add_lease_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lease-s", type=_seconds, default=0.0,
+                   help="with no master for this long, cancel the tasks and exit (0: never)")
+    p.add_argument("--keep-s", type=_seconds, default=None,
+                   help="keep a finished run's state this long once its results are safe, then remove it "
+                   "(0: at once; default: for good)")
+
+
+def _lease_argv(args: argparse.Namespace) -> List[str]:
+    argv = ["--lease-s", repr(args.lease_s)]
+    return argv + (["--keep-s", repr(args.keep_s)] if args.keep_s is not None else [])
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError("must be 0 or more seconds")
+    return value
+
+
+def mark_finished(state_dir: str) -> None:
+    """Record that ``state_dir``'s results are safe (its mtime dates it for ``keep``)."""
+    with open(os.path.join(state_dir, FINISHED_NAME), "w") as f:
+        f.write(f"{time.time():.0f}\n")
+
+
+def remove_state(state_dir: str) -> None:
+    """Remove ``state_dir``, and its run's directory (the parent) if that is left empty."""
+    import shutil
+
+    shutil.rmtree(state_dir, ignore_errors=True)
+    try:
+        os.rmdir(os.path.dirname(state_dir))
+    except OSError:
+        pass  # other nodes' state (several nodes on one host), or already gone
+
+
+def _held(state_dir: str) -> bool:
+    """Whether a live agent holds ``state_dir``'s lock."""
+    try:
+        fd = os.open(os.path.join(state_dir, LOCK_NAME), os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock we took
+    return False
+
+
+def sweep_finished(state_dir: str, keep_s: float, now: Optional[float] = None) -> List[str]:
+    """Remove the finished state directories of every run on this node (``<root>/runs/*/*``,
+    ``state_dir`` being one of them) older than ``keep_s``; returns those removed."""
+    now = time.time() if now is None else now
+    runs = os.path.dirname(os.path.dirname(os.path.abspath(state_dir)))
+    removed: List[str] = []
+    try:
+        run_dirs = [os.path.join(runs, name) for name in os.listdir(runs)]
+    except OSError:
+        return removed
+    for run_dir in run_dirs:
+        try:
+            nodes = [os.path.join(run_dir, name) for name in os.listdir(run_dir)]
+        except OSError:
+            continue
+        for node_dir in nodes:
+            try:
+                finished_at = os.stat(os.path.join(node_dir, FINISHED_NAME)).st_mtime
+            except OSError:
+                continue  # not finished (its results may not be safe): kept
+            if now - finished_at >= keep_s and not _held(node_dir):
+                remove_state(node_dir)
+                removed.append(node_dir)
+    return removed
 
 
 def _positive_int(text: str) -> int:
@@ -1387,6 +1536,8 @@ def build_parser() -> argparse.ArgumentParser:
     stop.set_defaults(func=cmd_stop)
     stop.add_argument("--state-dir", required=True, help="the agent's directory")
     stop.add_argument("--timeout-s", type=float, default=10.0, help="SIGTERM to SIGKILL delay")
+    stop.add_argument("--keep-s", type=_seconds, default=None,
+                      help="then treat the state as finished: remove it (0) or leave it this long (default: keep)")
     commands: Dict[str, Callable[[argparse.Namespace], int]] = {"serve": cmd_serve, "attach": cmd_attach}
     for name, func in commands.items():
         p = sub.add_parser(name)
@@ -1402,6 +1553,7 @@ def build_parser() -> argparse.ArgumentParser:
                        f"default ${MAX_OUTPUT_ENV}, else {DEFAULT_MAX_OUTPUT_BYTES})")  # fmt: skip
         if name == "serve":
             p.add_argument("--stdio", action="store_true", help="speak on stdin/stdout and die with the pipe")
+        _add_lease_options(p)
     return parser
 
 

@@ -1,12 +1,17 @@
 """``broker down [RUN_DIR]``: the safety valve. Terminate every instance of a run, stop its agents.
 
-Works whether or not the daemon still runs, and as often as you like; a broken piece (a
-journal cut short, the dry run's moto server gone) is reported in one line, never a
-traceback, and the rest is still cleaned up:
+Works whether or not the daemon still runs, from any directory, and as often as you like; a
+broken piece (a journal cut short, the dry run's moto server gone, a node that does not
+answer) is reported in one line, never a traceback, and the rest is still cleaned up:
 
-- every local agent under ``RUN_DIR/agents/`` is stopped first (its tasks are killed, and
-  whatever they started and left behind), and so is the agent of every private node the
-  inventory reaches over SSH (``agent.py stop`` there; a node it cannot reach is named);
+- every local agent under ``RUN_DIR/agents/`` is stopped first (its tasks are killed);
+- every private node reached over SSH (the inventory the journal names, its relative paths
+  read from the directory the run started in): the run's agent there is stopped with its
+  tasks (``agent.py stop``), and its state there (``~/.broker/runs/<run>/<node>``) removed,
+  or left for the node's ``keep``; all nodes at once. A node that does not answer is named:
+  its agent stops by itself after its ``lease`` without a broker;
+- a run that never launched an instance (no instance and no launch in its journal) asks
+  nothing of EC2: no credentials or network needed;
 - a live run: every instance the journal knows, plus any EC2 holds under the run's tag, is
   terminated through :class:`~broker.shells.aws.Ec2Fleet` (which never touches an instance
   without the run's tag) and recorded as terminated;
@@ -18,8 +23,8 @@ traceback, and the rest is still cleaned up:
 
 RUN_DIR defaults to the most recently written run directory under ``./runs/``.
 Exit status: 0 when nothing of the run is left running, 1 when an instance could not be
-terminated or the journal could not be read (the message says which and why), 2 when
-RUN_DIR is not a run directory.
+terminated, a private node could not be reached or the journal could not be read (the
+message says which and why), 2 when RUN_DIR is not a run directory.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     problems: list[str] = []
     terminated: list[str] = []
     failed: list[str] = []
+    remote = _RemoteStops()
     run_id = "?"
     try:
         if not has_journal:
@@ -72,20 +78,86 @@ def run(args: argparse.Namespace) -> int:
                     problems.append(f"{run_dir} holds no run (its daemon died before recording it)")
                 else:
                     run_id = record.id
-                    stopped_agents += _stop_private_agents(record, problems)
+                    remote = _stop_private_agents(record, problems)
                     terminated, failed = _bring_down(journal, record, server, problems)
     except (JournalError, sqlite3.Error, OSError) as exc:
         problems.append(f"the journal in {run_dir} could not be used: {exc}")
     if server is not None:
         stop_moto_server(run_dir)
     print(f"{run_dir}: run {run_id}: {len(terminated)} instance(s) terminated, "
-          f"{stopped_agents} agent(s) stopped" + (f", {len(failed)} FAILED" if failed else "")
+          f"{stopped_agents + remote.stopped} agent(s) stopped"
+          + (f" ({remote.stopped} on private nodes, {remote.tasks_killed} task(s) killed there)"
+             if remote.stopped or remote.tasks_killed else "")
+          + (f", {len(failed)} FAILED" if failed else "")
           + (", its moto server stopped" if server is not None else ""))
     for line in failed:
         print(f"  could not terminate {line}")
+    for line in remote.unreachable:
+        print(f"  could not reach {line}")
     for line in problems:
         print(f"  note: {line}")
-    return 1 if failed or any("could not" in p for p in problems) else 0
+    return 1 if failed or remote.unreachable or any("could not" in p for p in problems) else 0
+
+
+class _RemoteStops:
+    """What stopping the agents on the private SSH nodes did."""
+
+    def __init__(self) -> None:
+        self.stopped = 0
+        self.tasks_killed = 0
+        self.unreachable: list[str] = []
+
+
+def _stop_private_agents(record, problems: list[str]) -> _RemoteStops:
+    """Stop the run's agent and its tasks on every private SSH node, all nodes at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from broker.config.errors import ConfigError
+    from broker.config.inventory import load_inventory
+
+    done = _RemoteStops()
+    if not record.inventory_path:
+        return done
+    base = record.options.get("cwd")
+    path = Path(base, record.inventory_path) if base else Path(record.inventory_path)
+    try:
+        inventory = load_inventory(path, base=base)
+    except ConfigError as exc:
+        problems.append(f"could not read the run's inventory {path}, so its private nodes were not reached: "
+                        f"{exc.problems[0].render() if exc.problems else exc}")
+        return done
+    nodes = [n for n in inventory.private if not n.local and n.host and n.key]
+    if not nodes:
+        return done
+    with ThreadPoolExecutor(max_workers=min(16, len(nodes)), thread_name_prefix="down") as pool:
+        outcomes = list(pool.map(lambda n: _stop_on_node(record.id, n), nodes))
+    for node, outcome in zip(nodes, outcomes):
+        if isinstance(outcome, str):
+            done.unreachable.append(f"private node {node.name}: {outcome}; its agent cancels its tasks and "
+                                    f"exits by itself {_duration(node.lease_s)} after it last heard from a "
+                                    f"broker (its lease); `broker down` again once the node is back")
+        else:
+            done.stopped += 1 if outcome.get("stopped") else 0
+            done.tasks_killed += int(outcome.get("tasks_killed") or 0)
+    return done
+
+
+def _stop_on_node(run_id: str, node) -> dict | str:
+    """``agent.py stop`` for the run on ``node`` over SSH; what it reported, or why it failed."""
+    from broker.shells.nodes import stop_remote_agent
+    from broker.shells.ssh import SshError, SshTarget, connect
+
+    try:
+        with connect(SshTarget.for_node(node)) as session:
+            return stop_remote_agent(session, run_id, node.name, keep_s=node.keep_s)
+    except (SshError, ConnectionError, OSError, ValueError) as exc:
+        return str(exc)
+
+
+def _duration(seconds: float) -> str:
+    from broker.config.durations import format_duration
+
+    return format_duration(seconds)
 
 
 def _bring_down(journal, record, server, problems: list[str]) -> tuple[list[str], list[str]]:
@@ -96,7 +168,9 @@ def _bring_down(journal, record, server, problems: list[str]) -> tuple[list[str]
     from broker.shells.metrics import run_now_s
 
     left = [i for i in journal.instances() if i.state != "terminated"]
-    if not record.options.get("dry_run"):
+    if not journal.instances() and not journal.actions("launch"):
+        terminated, failed = [], []  # nothing was ever launched: nothing to ask EC2
+    elif not record.options.get("dry_run"):
         terminated, failed = _terminate_live(record, [i.id for i in left])
     elif server is not None:
         terminated, failed = _terminate_dry(record, server, [i.id for i in left])
@@ -122,47 +196,6 @@ def _bring_down(journal, record, server, problems: list[str]) -> tuple[list[str]
         if record.state == "running":
             journal.finish_run("stopped", at_s=at)
     return terminated, failed
-
-
-def _stop_private_agents(record, problems: list[str]) -> int:
-    """Stop the run's agent on each private node reached over SSH, and kill what its tasks
-    left running there (``agent.py stop``); a node that cannot be reached is a problem."""
-    from broker.config.errors import ConfigError
-    from broker.config.inventory import load_inventory
-    from broker.shells.nodes import REMOTE_AGENT_ROOT, remote_path
-
-    if not record.inventory_path:
-        return 0
-    try:
-        nodes = [n for n in load_inventory(record.inventory_path).private if not n.local and n.host]
-    except ConfigError as exc:
-        problems.append(f"could not read the inventory {record.inventory_path} to reach the private nodes: "
-                        f"{exc.problems[0].render() if exc.problems else exc}")
-        return 0
-    import shlex
-
-    from broker.shells.ssh import SshTarget, connect
-
-    stopped = 0
-    for node in nodes:
-        try:
-            session = connect(SshTarget.for_node(node))
-            try:  # shipped again, as a run does: this broker's agent knows `stop`, whatever is there
-                agent = session.deploy_agent(f"{REMOTE_AGENT_ROOT}/agent")
-                result = session.run(f"python3 -B {shlex.quote(agent + '/agent.py')} stop --state-dir "
-                                     f"{remote_path(REMOTE_AGENT_ROOT, f'runs/{record.id}/{node.name}')}",
-                                     timeout_s=60.0)
-            finally:
-                session.close()
-        except Exception as exc:  # noqa: BLE001 - any failure to reach the node is reported, not raised
-            problems.append(f"could not stop the agent on private node {node.name}: {exc}")
-            continue
-        if result.exit_code != 0:
-            problems.append(f"could not stop the agent on private node {node.name}: "
-                            f"{result.stderr.strip()[-300:] or f'exit code {result.exit_code}'}")
-        elif result.stdout.startswith("agent stopped"):
-            stopped += 1
-    return stopped
 
 
 def _terminate_dry(record, server, known_ids: list[str]) -> tuple[list[str], list[str]]:
@@ -191,7 +224,14 @@ def _terminate_live(record, known_ids: list[str]) -> tuple[list[str], list[str]]
     from broker.config.inventory import load_inventory
     from broker.shells.aws import Ec2Fleet
 
-    inventory = load_inventory(record.inventory_path) if record.inventory_path else None
+    from broker.config.errors import ConfigError
+
+    base = record.options.get("cwd")
+    try:
+        inventory = load_inventory(Path(base, record.inventory_path) if base else record.inventory_path,
+                                   base=base) if record.inventory_path else None
+    except ConfigError:
+        inventory = None  # the instances are found by the run's tag all the same
     settings = inventory.aws if inventory is not None else None
     if settings is None:
         from broker.core.model import AwsSettings

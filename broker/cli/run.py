@@ -132,14 +132,12 @@ def run(args: argparse.Namespace) -> int:
     if os.environ.get(FAULTS_ENV, "").strip() and not args.dry_run:
         raise UsageError(f"{FAULTS_ENV} is set ({os.environ[FAULTS_ENV].strip()!r}): faults are injected into "
                          f"dry runs only; unset it or add --dry-run")
-    inventory = load_inventory(args.inventory, live=not args.dry_run)
+    inventory = load_inventory(args.inventory, live=not args.dry_run, rents=False)
     bag = load_bag(args.bag)
     args.fault_entries = _fault_entries(args, inventory)
     args.prior_samples = load_samples(args.samples, bag, args.bag) if args.samples else None
-    if not args.dry_run and inventory.types and not inventory.aws.key:
-        raise UsageError(f"{args.inventory}: a live run logs in to its EC2 instances over SSH: give aws.key, "
-                         "the private key file of the key pair aws.key_name (or use --dry-run)")
-    if not args.dry_run:
+    args.ec2, args.no_ec2_reason = ("on", None) if args.dry_run else _ec2_mode(args.inventory, inventory, goal)
+    if args.ec2 == "on" and not args.dry_run:
         _preflight(inventory)  # before a run directory, a sample or an agent: refusals cost nothing
 
     run_dir = Path(args.run_dir) if args.run_dir else None
@@ -222,6 +220,36 @@ def _preflight(inventory) -> None:
     if report.problems:
         raise ConfigError(report.problems)
     print(f"preflight: {'; '.join(report.checked)}", file=sys.stderr, flush=True)
+
+
+# What renting takes, besides credentials: the launch fields and the key to log in with.
+_RENT_FIELDS = ("region", "ami", "key_name", "security_group", "key")
+
+
+def _ec2_mode(path: str, inventory, goal) -> tuple[str, str | None]:
+    """How a live run uses EC2, and why not when it does not:
+
+    - ``off``: it can never rent (``broker/core/rent.py``): no AWS section, credentials,
+      preflight or EC2 call, on start, resume or ``broker down``;
+    - ``unconfigured``: it may rent, but the ``aws`` section lacks what renting takes: it runs
+      on the private nodes, asks nothing of AWS, and a plan that wants an instance is told
+      what is missing (refused, exit 2, when there is no private node to run on);
+    - ``on``: it may rent and can (the AWS preflight applies).
+    """
+    from broker.config.inventory import load_inventory
+    from broker.core.rent import why_no_ec2
+
+    reason = why_no_ec2(inventory, goal)
+    if reason is not None:
+        return "off", reason
+    missing = [f"aws.{name}" for name in _RENT_FIELDS if not getattr(inventory.aws, name)]
+    if not missing:
+        return "on", None
+    if not inventory.private:  # EC2 is all there is to run on: what is missing is bad input
+        load_inventory(path, live=True)  # ConfigError: every missing launch field, with its line
+        raise UsageError(f"{path}: a live run logs in to its EC2 instances over SSH: give aws.key, the private "
+                         "key file of the key pair aws.key_name (or use --dry-run)")
+    return "unconfigured", f"{', '.join(missing)} missing in {path}, so this run cannot rent EC2 instances"
 
 
 def _fault_entries(args, inventory) -> list | None:
@@ -363,13 +391,12 @@ def run_verdict(goal, report):
 
 def _fleet(args, inventory, run_id, run_dir, server_process, resume, stack, state):
     """EC2 for the run: the run directory's moto server in a dry run (faults injected if
-    asked; stopped at the end unless the run was left), boto3 otherwise."""
+    asked; stopped at the end unless the run was left), boto3 otherwise (or no EC2 at all for
+    a run that never rents: :func:`_live_fleet`)."""
     from broker.shells.aws import Ec2Fleet
 
     if not args.dry_run:
-        import boto3
-
-        return Ec2Fleet(boto3.Session(), inventory.aws, run_id)
+        return _live_fleet(args, inventory, run_id, run_dir, resume)
     import structlog
 
     from broker.shells.moto_world import dry_run_ec2, stop_moto_server
@@ -457,9 +484,11 @@ def _set_up_journal(journal, args, bag, goal, run_id, clock, scale, tick_s, marg
             goal_value=1.0 if goal.kind == "none" else goal.value,
             budget_usd=goal.value if goal.kind == "budget" else None,
             deadline_s=goal.value if goal.kind == "deadline" else None,
-            retries=bag.retries, inventory_path=args.inventory, bag_path=args.bag,
+            retries=bag.retries, inventory_path=os.path.abspath(args.inventory),
+            bag_path=os.path.abspath(args.bag),
+            # cwd: where the inventory's relative key paths are read from (broker down, elsewhere)
             options={"dry_run": args.dry_run, "time_scale": scale, "tick_s": tick_s, "margin_s": margin_s,
-                     "epoch_anchor_s": clock.epoch_anchor_s},
+                     "epoch_anchor_s": clock.epoch_anchor_s, "cwd": os.getcwd(), "ec2": args.ec2},
             tasks=bag.tasks,
         )
     elif journal.status()["tasks"]["total"] == 0:
@@ -517,6 +546,30 @@ def load_samples(path: str, bag, bag_path: str):
         mean, rule = float(estimate["mean_ref_s"]), estimate.get("rule")
         sd = statistics.stdev(used) if len(used) > 1 else None
     return PriorSamples(source=str(path), done=tuple(done), mean_ref_s=mean, sd_ref_s=sd, rule=rule)
+
+
+def _live_fleet(args, inventory, run_id, run_dir, resume):
+    """The EC2 fleet of a live run, or one that never calls EC2 (see :func:`_ec2_mode`)."""
+    from broker.shells.aws import Ec2Fleet
+    from broker.shells.aws.absent import NoEc2Fleet
+
+    if args.ec2 != "on" and resume is not None:
+        from broker.shells.journal import Journal
+
+        with Journal.open(run_dir, readonly=True) as journal:
+            launched = bool(journal.instances() or journal.actions("launch"))
+        if launched and args.ec2 == "unconfigured":
+            raise UsageError(f"cannot resume run {run_id} in {run_dir}: its journal holds EC2 launches, and "
+                             f"{args.no_ec2_reason}: restore the aws section, or `broker down {run_dir}`")
+        args.ec2 = "on" if launched else args.ec2
+    if args.ec2 != "on":
+        what = "EC2 is not used" if args.ec2 == "off" else "warning: EC2 is not available"
+        print(f"{what}: {args.no_ec2_reason}; the run works on the private nodes and asks nothing of AWS",
+              file=sys.stderr, flush=True)
+        return NoEc2Fleet(run_id, args.no_ec2_reason)
+    import boto3
+
+    return Ec2Fleet(boto3.Session(), inventory.aws, run_id)
 
 
 def _instance_agents(run_id, run_dir, inbox, aws, fleet):

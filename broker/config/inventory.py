@@ -8,6 +8,13 @@ Schema (every key but the marked ones optional)::
         slots: 2                  # required, integer >= 1
         speed: 1.0                # > 0 reference seconds per second, default 1
         cost_per_hour: 0          # USD >= 0, default 0
+        known_hosts: ~/.ssh/known_hosts   # SSH nodes: the file holding the node's host key
+        grace: 10m                # a node that stops answering keeps its tasks this long
+                                  # while the broker reconnects; then they are re-queued
+        lease: 1h                 # the node's agent cancels its tasks and exits after this
+                                  # long without a broker (a crash nobody resumed)
+        keep: 0s                  # how long a finished run's state stays on the node
+                                  # (~/.broker/runs/<run>/) once its results are safe
     aws:
       region, ami, key_name, security_group, subnet, instance_profile: strings
       tags: {key: value}          # extra tags on every instance, string values
@@ -33,8 +40,12 @@ Schema (every key but the marked ones optional)::
 
 An inventory of types alone is enough to plan and simulate. ``live=True`` (a real run)
 additionally demands the AWS connection fields ``region``, ``ami``, ``key_name`` and
-``security_group`` when any type is declared, and checks that every SSH key file exists
-and is readable by its owner only, as ``ssh`` itself insists.
+``security_group`` when any type is declared (``rents=False``: a run that will not rent,
+see ``broker/core/rent.py``, is not asked for them), and checks that every SSH key file
+exists and is readable by its owner only, as ``ssh`` itself insists, and that every
+``known_hosts`` file exists. Relative key and ``known_hosts`` paths are taken from ``base``
+(default: the current directory), so a command run elsewhere later (``broker down``) can
+read the inventory as the run did.
 """
 
 from __future__ import annotations
@@ -60,7 +71,8 @@ _HOST_KEY_POLICIES = ("console", "known-hosts", "accept-new")
 _BILLING_NAMES = {"hourly": Billing.hourly, "per-second": Billing.per_second}
 
 
-def load_inventory(path: str | os.PathLike[str], *, live: bool = False) -> Inventory:
+def load_inventory(path: str | os.PathLike[str], *, live: bool = False, rents: bool = True,
+                   base: str | os.PathLike[str] | None = None) -> Inventory:
     """Read and validate the inventory at ``path``; :class:`ConfigError` lists every problem."""
     source = str(path)
     try:
@@ -69,16 +81,18 @@ def load_inventory(path: str | os.PathLike[str], *, live: bool = False) -> Inven
         raise ConfigError([Problem(source, None, "inventory file not found")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([Problem(source, None, f"cannot read the inventory file: {exc}")]) from None
-    return parse_inventory(text, source, live=live)
+    return parse_inventory(text, source, live=live, rents=rents, base=base)
 
 
-def parse_inventory(text: str, source: str = "<inventory>", *, live: bool = False) -> Inventory:
+def parse_inventory(text: str, source: str = "<inventory>", *, live: bool = False, rents: bool = True,
+                    base: str | os.PathLike[str] | None = None) -> Inventory:
     """Validate inventory YAML ``text``; ``source`` names it in messages and in ``Inventory.source``."""
     root = load_yaml(text, source)
     check = Checker(source)
+    check.base = base  # relative key and known_hosts paths are taken from here
     top = check.mapping(root, "", optional=("private", "aws")) or {}
     private = _private_nodes(check, top.get("private"), live)
-    aws, types = _aws_section(check, top.get("aws"), live)
+    aws, types = _aws_section(check, top.get("aws"), live and rents)
     for clash in sorted({n.name for n in private} & {t.name for t in types}):
         check.problem(None, f"the name '{clash}' is used by a private node and an EC2 type; names must differ", None)
     if not check.problems and not private and not types:
@@ -118,7 +132,7 @@ def _private_node(check: Checker, item: Node, path: str, live: bool) -> PrivateN
         item,
         path,
         required=("name", "slots"),
-        optional=("local", "host", "user", "key", "port", "speed", "cost_per_hour"),
+        optional=("local", "host", "user", "key", "port", "speed", "cost_per_hour", *_AGENT_FIELDS),
     )
     if fields is None:
         return None
@@ -136,8 +150,9 @@ def _private_node(check: Checker, item: Node, path: str, live: bool) -> PrivateN
     user = check.string(fields["user"], join(path, "user")) if "user" in fields else None
     port = check.integer(fields["port"], join(path, "port"), minimum=1, maximum=65535) if "port" in fields else 22
     key = _key_path(check, fields["key"], join(path, "key"), live) if "key" in fields else None
+    agent = _agent_fields(check, fields, path, live)
 
-    ssh_fields = [k for k in ("host", "user", "key", "port") if k in fields]
+    ssh_fields = [k for k in ("host", "user", "key", "port", "known_hosts") if k in fields]
     if local and "host" in fields:
         check.problem(join(path, "host"), "give either local: true or host, not both", fields["host"].where)
     elif local and ssh_fields:
@@ -168,7 +183,55 @@ def _private_node(check: Checker, item: Node, path: str, live: bool) -> PrivateN
         user=user,
         key=key,
         port=port,
+        **agent,
     )
+
+
+_AGENT_FIELDS = ("known_hosts", "grace", "lease", "keep")
+
+
+def _agent_fields(check: Checker, fields: dict[str, Node], path: str, live: bool) -> dict[str, object]:
+    """A private node's ``known_hosts`` (must exist for a live run), ``grace``, ``lease`` (longer
+    than the grace: an agent must not give up on a broker that still waits for it) and ``keep``."""
+    out: dict[str, object] = {}
+    if "known_hosts" in fields:
+        node = fields["known_hosts"]
+        text = check.string(node, join(path, "known_hosts"), what="a path to a known_hosts file")
+        if text is not None:
+            known = _local_path(check, text)
+            if live and "host" in fields and not os.path.isfile(known):
+                check.problem(join(path, "known_hosts"), f"known_hosts file not found: {known}", node.where)
+            out["known_hosts"] = known
+    if "grace" in fields:
+        grace = check.duration(fields["grace"], join(path, "grace"))
+        if grace is not None:
+            out["grace_s"] = grace
+    if "lease" in fields:
+        lease = check.duration(fields["lease"], join(path, "lease"), positive=True)
+        if lease is not None:
+            out["lease_s"] = lease
+    defaults = PrivateNode(name="", slots=1)
+    grace_s = float(out.get("grace_s", defaults.grace_s))  # type: ignore[arg-type]
+    lease_s = float(out.get("lease_s", defaults.lease_s))  # type: ignore[arg-type]
+    if ("grace" in fields or "lease" in fields) and lease_s <= grace_s:
+        where = fields["lease"] if "lease" in fields else fields["grace"]
+        check.problem(join(path, "lease"), f"the lease ({lease_s:g} s) must be longer than the grace "
+                      f"({grace_s:g} s): the node's agent would stop its tasks while the broker still "
+                      "waits for the node", where.where)
+    if "keep" in fields:
+        keep = check.duration(fields["keep"], join(path, "keep"))  # never negative
+        if keep is not None:
+            out["keep_s"] = keep
+    return out
+
+
+def _local_path(check: Checker, text: str) -> str:
+    """``text`` with ``~`` expanded and, when relative, taken from the checker's base directory."""
+    path = os.path.expanduser(text)
+    base = getattr(check, "base", None)
+    if base is not None and not os.path.isabs(path):
+        path = os.path.join(os.fspath(base), path)
+    return path
 
 
 def _key_path(check: Checker, node: Node, path: str, live: bool) -> str | None:
@@ -176,7 +239,7 @@ def _key_path(check: Checker, node: Node, path: str, live: bool) -> str | None:
     text = check.string(node, path, what="a path to an SSH private key")
     if text is None:
         return None
-    key = os.path.expanduser(text)
+    key = _local_path(check, text)
     if not live:
         return key
     try:

@@ -58,6 +58,14 @@ class PrivateNode:
     user: str | None = None
     key: str | None = None
     port: int = 22
+    known_hosts: str | None = None  # the node's host keys (default ~/.ssh/known_hosts)
+    # A node that stops answering is reconnected to, its slots held, for this long; then
+    # its attempts are re-queued (it still rejoins whenever it answers again).
+    grace_s: float = 600.0
+    # The node's agent stops its tasks and exits after this long without a master; a
+    # finished run's state stays on the node this long once its results are safe.
+    lease_s: float = 3600.0
+    keep_s: float = 0.0
 
     @property
     def capacity_per_s(self) -> float:

@@ -126,6 +126,8 @@ def attach_local_agent(
     grace_s: float | None = None,
     idle_exit_s: float | None = None,
     progress_poll_s: float | None = None,
+    lease_s: float | None = None,
+    keep_s: float | None = None,
 ) -> LocalTransport:
     """Start (or reach) the detached agent daemon serving ``state_dir``; talk to it over pipes.
 
@@ -138,6 +140,8 @@ def attach_local_agent(
         ("--grace-s", grace_s),
         ("--idle-exit-s", idle_exit_s),
         ("--progress-poll-s", progress_poll_s),
+        ("--lease-s", lease_s),
+        ("--keep-s", keep_s),
     ):
         if value is not None:
             argv += [flag, str(value)]

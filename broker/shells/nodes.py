@@ -23,6 +23,7 @@ import shlex
 import shutil
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -37,6 +38,9 @@ log = structlog.get_logger()
 
 AGENTS_DIR = "agents"
 REMOTE_AGENT_ROOT = "~/.broker"
+# An agent with no broker for this long cancels its tasks and exits (a private node's own
+# ``lease`` overrides it): no agent is left running for ever after a crash nobody resumed.
+DEFAULT_LEASE_S = 3600.0
 
 
 def agent_dir(run_dir: Path, node: str) -> Path:
@@ -46,15 +50,17 @@ def agent_dir(run_dir: Path, node: str) -> Path:
 class LocalAgents:
     """Agents on this machine, one state directory per node under ``run_dir/agents``."""
 
-    def __init__(self, run_dir: Path, inbox: queue.Queue, handshake_timeout_s: float = 15.0) -> None:
+    def __init__(self, run_dir: Path, inbox: queue.Queue, handshake_timeout_s: float = 15.0,
+                 lease_s: float | None = DEFAULT_LEASE_S) -> None:
         self.run_dir = Path(run_dir)
         self.inbox = inbox
         self.handshake_timeout_s = handshake_timeout_s
+        self.lease_s = lease_s
 
     def attach(self, node: str, slots: int, expect: tuple = ()) -> AgentClient:
         """``expect``: Runs a previous daemon submitted there (see AgentClient)."""
         state_dir = private_dir(agent_dir(self.run_dir, node))  # 0700 before the agent's first file
-        transport = attach_local_agent(state_dir, slots, node=node, grace_s=1.0)
+        transport = attach_local_agent(state_dir, slots, node=node, grace_s=1.0, lease_s=self.lease_s)
         try:
             return AgentClient(transport, node, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s,
                                expect=expect)
@@ -66,7 +72,8 @@ class LocalAgents:
     def reattach(self, node: str, slots: int, client: AgentClient) -> None:
         """A new connection for ``client`` after its agent's link broke; starts the agent
         again on the same state directory if it is gone (it then reports what it lost)."""
-        transport = attach_local_agent(agent_dir(self.run_dir, node), slots, node=node, grace_s=1.0)
+        transport = attach_local_agent(agent_dir(self.run_dir, node), slots, node=node, grace_s=1.0,
+                                       lease_s=self.lease_s)
         try:
             client.reattach(transport)
         except Exception:
@@ -83,48 +90,163 @@ class LocalAgents:
 
 
 class SshAgents:
-    """Agents on private nodes reached over SSH (one connection per node, kept open)."""
+    """Agents on private nodes reached over SSH (one connection per node, kept open).
+
+    :meth:`attach` and :meth:`reattach` connect once, in the caller's thread. The
+    ``*_in_background`` forms retry on a thread of their own (doubling pauses from 1 s up to
+    ``max_delay_s``, each attempt bounded by ``connect_timeout_s``) for as long as they are
+    given, so that one node that does not answer holds up neither the daemon's loop nor the
+    other nodes; :meth:`abandon` (and :meth:`stop`) makes such a try give up at its next step.
+    A host key unknown or changed, or an unusable key file, is not retried: waiting never
+    mends it.
+    """
 
     def __init__(self, run_id: str, inbox: queue.Queue, handshake_timeout_s: float = 30.0,
-                 known_hosts_path: str | None = None, remote_root: str = REMOTE_AGENT_ROOT) -> None:
+                 known_hosts_path: str | None = None, remote_root: str = REMOTE_AGENT_ROOT,
+                 connect_timeout_s: float = 10.0, max_delay_s: float = 30.0) -> None:
         self.run_id = run_id
         self.inbox = inbox
         self.handshake_timeout_s = handshake_timeout_s
         self.known_hosts_path = known_hosts_path
         self.remote_root = remote_root
+        self.connect_timeout_s = connect_timeout_s
+        self.max_delay_s = max_delay_s
+        self._lock = threading.Lock()
         self._sessions: dict[str, Any] = {}
+        self._abandoned: set[str] = set()
 
-    def attach(self, node: PrivateNode, expect: tuple = ()) -> AgentClient:
-        """Connect, ship the agent, attach; ``expect``: the attempts a resumed run's journal
-        says this agent runs (those it does not know come back as lost)."""
-        transport = self._open(node)
-        return AgentClient(transport, node.name, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s,
-                           expect=expect)
+    def attach(self, node: PrivateNode, expect: tuple = (), timeout_s: float | None = None) -> AgentClient:
+        """Connect (retrying for ``timeout_s`` if given), ship the agent, attach; ``expect``:
+        the attempts a resumed run's journal says this agent runs (those it does not know
+        come back as lost)."""
+        transport = self._open(node, timeout_s)
+        try:
+            return AgentClient(transport, node.name, inbox=self.inbox,
+                               handshake_timeout_s=self.handshake_timeout_s, expect=expect)
+        except Exception:
+            transport.close()
+            self._drop_session(node.name)
+            raise
 
-    def reattach(self, node: PrivateNode, client: AgentClient) -> None:
+    def reattach(self, node: PrivateNode, client: AgentClient, timeout_s: float | None = None) -> None:
         """A new SSH connection for ``client`` after its link dropped; the agent daemon on the
         node outlived the old one and replays what finished meanwhile."""
-        old = self._sessions.pop(node.name, None)
-        if old is not None:
-            old.close()
-        client.reattach(self._open(node))
+        self._drop_session(node.name)
+        client.reattach(self._open(node, timeout_s))
 
-    def _open(self, node: PrivateNode):
-        from broker.shells.ssh import SshTarget, connect
+    def attach_in_background(self, node: PrivateNode, done: Callable[[AgentClient | None, BaseException | None], None],
+                             expect: tuple = (), timeout_s: float | None = None) -> None:
+        """:meth:`attach` on a thread of its own, retrying for ``timeout_s`` (the node's grace
+        by default); then ``done(client, None)`` or ``done(None, error)``."""
+        self._background(f"attach-{node.name}", node.name, done,
+                         lambda: self.attach(node, expect, node.grace_s if timeout_s is None else timeout_s))
 
-        session = connect(SshTarget.for_node(node, known_hosts_path=self.known_hosts_path))
-        self._sessions[node.name] = session
-        return open_remote_agent_stream(session, self.run_id, node.name, node.slots, self.remote_root)
+    def reconnect_in_background(self, node: PrivateNode, done: Callable[[Any, BaseException | None], None],
+                                timeout_s: float | None = None) -> None:
+        """A new connection and agent stream to ``node``, on a thread of its own, retrying for
+        ``timeout_s`` (the node's grace by default); ``done(transport, None)`` or
+        ``done(None, error)``. The caller hands the transport to its client
+        (``AgentClient.reattach``) on its own thread, where it submits."""
+        self._drop_session(node.name)
+        self._background(f"reconnect-{node.name}", node.name, done,
+                         lambda: self._open(node, node.grace_s if timeout_s is None else timeout_s))
 
-    def stop(self, node: str, client: AgentClient | None) -> None:
-        _close_client(client, wait_s=5.0)
-        session = self._sessions.pop(node, None)
+    def abandon(self, node: str) -> None:
+        """Make a background attach or reconnect to ``node`` give up at its next step."""
+        with self._lock:
+            self._abandoned.add(node)
+
+    def _background(self, name: str, node: str, done: Callable[[Any, BaseException | None], None],
+                    work: Callable[[], Any]) -> None:
+        with self._lock:
+            self._abandoned.discard(node)
+
+        def run() -> None:
+            try:
+                value = work()
+            except Exception as exc:  # noqa: BLE001 - handed to the caller, which reports it
+                done(None, exc)
+                return
+            done(value, None)
+
+        threading.Thread(target=run, name=name, daemon=True).start()
+
+    def _is_abandoned(self, node: str) -> bool:
+        with self._lock:
+            return node in self._abandoned
+
+    def _open(self, node: PrivateNode, timeout_s: float | None = None):
+        """An agent stream to ``node``: one try, or tries for ``timeout_s`` (a link that drops
+        again while the agent is shipped is tried again too)."""
+        if timeout_s is None:
+            return self._open_once(node, None)
+        deadline = time.monotonic() + timeout_s
+        delay = 1.0
+        while True:
+            try:
+                return self._open_once(node, max(1.0, deadline - time.monotonic()))
+            except Exception as exc:  # noqa: BLE001 - filtered below
+                import paramiko
+
+                from broker.shells.ssh import HostKeyChanged, HostKeyUnknown, KeyFileRejected
+
+                left = deadline - time.monotonic()
+                transient = isinstance(exc, (EOFError, OSError, paramiko.SSHException)) and not isinstance(
+                    exc, (HostKeyChanged, HostKeyUnknown, KeyFileRejected, ConnectionAbortedError))
+                if not transient or left <= 0 or self._is_abandoned(node.name):
+                    raise
+                log.info("ssh.retry", node=node.name, error=type(exc).__name__, delay_s=round(min(delay, left), 3))
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, self.max_delay_s)
+
+    def _open_once(self, node: PrivateNode, timeout_s: float | None):
+        from broker.shells.ssh import SshTarget, connect, connect_when_up
+
+        target = replace(SshTarget.for_node(node, known_hosts_path=self.known_hosts_path),
+                         connect_timeout_s=self.connect_timeout_s)
+        if timeout_s is None:
+            session = connect(target)
+        else:
+            session = connect_when_up(target, timeout_s, max_delay_s=self.max_delay_s,
+                                      cancelled=lambda: self._is_abandoned(node.name))
+        if self._is_abandoned(node.name):
+            session.close()
+            raise ConnectionAbortedError(f"private node {node.name}: given up while connecting")
+        with self._lock:
+            self._sessions[node.name] = session
+        try:
+            return open_remote_agent_stream(session, self.run_id, node.name, node.slots, self.remote_root,
+                                            agent_options=node_agent_options(node))
+        except BaseException:
+            self._drop_session(node.name)
+            raise
+
+    def _drop_session(self, node: str) -> None:
+        with self._lock:
+            session = self._sessions.pop(node, None)
         if session is not None:
             session.close()
 
+    def stop(self, node: str, client: AgentClient | None) -> None:
+        self.abandon(node)
+        _close_client(client, wait_s=5.0)
+        self._drop_session(node)
+
     def fetch(self, node: str, workdir: str | None, path: str, dest: Path, env: Mapping[str, str]) -> list[Path]:
         """Fetch a task's output (file or directory) from the node over SFTP into ``dest``."""
-        return fetch_over_ssh(self._sessions.get(node), node, workdir, path, dest, env)
+        with self._lock:
+            session = self._sessions.get(node)
+        return fetch_over_ssh(session, node, workdir, path, dest, env)
+
+
+def node_agent_options(node: PrivateNode) -> tuple[str, ...]:
+    """The agent options a private node's inventory entry sets: its lease and keep."""
+    return ("--lease-s", f"{node.lease_s:g}", "--keep-s", f"{node.keep_s:g}")
+
+
+def remote_state_dir(run_id: str, node: str, remote_root: str = REMOTE_AGENT_ROOT) -> str:
+    """The agent's state directory for ``node`` of run ``run_id``, as a remote shell word."""
+    return remote_path(remote_root, f"runs/{run_id}/{node}")
 
 
 def fetch_local(workdir: str | None, path: str, dest: Path, env: Mapping[str, str]) -> list[Path]:
@@ -207,17 +329,38 @@ def start_remote_agent(
 
 
 def open_remote_agent_stream(session: Any, run_id: str, node: str, slots: int,
-                             remote_root: str = REMOTE_AGENT_ROOT) -> Any:
+                             remote_root: str = REMOTE_AGENT_ROOT,
+                             agent_options: tuple[str, ...] = ("--lease-s", f"{DEFAULT_LEASE_S:g}")) -> Any:
     """Ship the agent over ``session`` and open a stream to it (``attach`` starts its daemon
-    if none runs, else joins the one that outlived an earlier connection)."""
+    if none runs, else joins the one that outlived an earlier connection). ``agent_options``
+    are passed on to the daemon (its lease, keep)."""
     remote_dir = session.deploy_agent(f"{remote_root}/agent")
     q = shlex.quote
     command = (
         f"python3 -B {q(remote_dir + '/agent.py')} attach"  # -B: no __pycache__ (0755 under the login's umask)
-        f" --state-dir {remote_path(remote_root, f'runs/{run_id}/{node}')}"
+        f" --state-dir {remote_state_dir(run_id, node, remote_root)}"
         f" --slots {int(slots)} --node {q(node)}"
+        + "".join(f" {q(option)}" for option in agent_options)
     )
     return session.open_stream(command)
+
+
+def stop_remote_agent(session: Any, run_id: str, node: str, remote_root: str = REMOTE_AGENT_ROOT,
+                      keep_s: float | None = None, timeout_s: float = 60.0) -> dict[str, Any]:
+    """Stop the agent of ``node`` for run ``run_id`` over ``session`` and every task it ran
+    (``agent.py stop``), and apply ``keep_s`` to its state; returns what the agent reported."""
+    import json
+
+    remote_dir = session.deploy_agent(f"{remote_root}/agent")
+    command = (f"python3 -B {shlex.quote(remote_dir + '/agent.py')} stop"
+               f" --state-dir {remote_state_dir(run_id, node, remote_root)}"
+               + (f" --keep-s {keep_s:g}" if keep_s is not None else ""))
+    result = session.run(command, timeout_s=timeout_s)
+    lines = result.stdout.strip().splitlines()
+    if result.exit_code != 0 or not lines:
+        raise ConnectionError(f"`agent.py stop` on {node} failed (exit {result.exit_code}): "
+                              f"{result.stderr.strip()[-500:] or 'no output'}")
+    return json.loads(lines[-1])
 
 
 class InstanceUnreachable(ConnectionError):

@@ -104,6 +104,8 @@ class SshTarget:
     trust_on_first_use: bool = False
     connect_timeout_s: float = 10.0
     keepalive_s: float = 15.0
+    # The inventory entry this target comes from ("private node lab-a"), for messages.
+    label: str | None = None
 
     def __post_init__(self) -> None:
         if self.trust_on_first_use and not self.known_hosts_path:
@@ -122,7 +124,8 @@ class SshTarget:
         known_hosts_path: str | None = None,
         trust_on_first_use: bool = False,
     ) -> SshTarget:
-        """The target of an inventory's private node (which must not be ``local``)."""
+        """The target of an inventory's private node (which must not be ``local``); its host
+        keys are checked against ``known_hosts_path``, else the node's ``known_hosts``."""
         if node.local or not node.host:
             raise ValueError(f"private node {node.name!r} has no host to reach over SSH")
         if not node.key:
@@ -132,8 +135,9 @@ class SshTarget:
             port=node.port,
             user=node.user or getpass.getuser(),
             key_path=node.key,
-            known_hosts_path=known_hosts_path,
+            known_hosts_path=known_hosts_path or node.known_hosts,
             trust_on_first_use=trust_on_first_use,
+            label=f"private node {node.name}",
         )
 
 
@@ -256,12 +260,7 @@ class _UnknownHostKeyPolicy(paramiko.MissingHostKeyPolicy):
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         target = self._target
         if not target.trust_on_first_use:
-            where = target.known_hosts_path or "~/.ssh/known_hosts"
-            raise HostKeyUnknown(
-                f"host key for {target.address} is not in known_hosts ({where}); "
-                f"verify it ({key.get_name()} {key.fingerprint}) and add it, "
-                "or pass trust_on_first_use"
-            )
+            raise HostKeyUnknown(unknown_host_key_message(target, key.get_name(), key.fingerprint))
         assert target.known_hosts_path is not None  # enforced by SshTarget
         path = Path(target.known_hosts_path).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -281,6 +280,20 @@ class _UnknownHostKeyPolicy(paramiko.MissingHostKeyPolicy):
             fingerprint=key.fingerprint,
             known_hosts=str(path),
         )
+
+
+def unknown_host_key_message(target: SshTarget, key_type: str, fingerprint: str) -> str:
+    """What to do about a host key that no known_hosts file holds: only steps the user can
+    take (check the fingerprint, add the key; for an inventory node, name a file that has it)."""
+    where = target.known_hosts_path or "~/.ssh/known_hosts"
+    scan = f"ssh-keyscan{'' if target.port == 22 else f' -p {target.port}'} {target.host}"
+    text = (f"host key for {target.address} is not in known_hosts ({where}): it offered {key_type} {fingerprint}. "
+            f"Check that fingerprint with the machine itself (ssh-keygen -lf on its host key), then add "
+            f"the key: `{scan} >> {where}` (or log in once with ssh and accept it)")
+    if target.label is not None and target.label.startswith("private node "):
+        name = target.label[len("private node "):]
+        text += f"; or give private node {name} a known_hosts: file in the inventory that holds it"
+    return text
 
 
 def _open_socket(target: SshTarget, tcp_nodelay: bool) -> socket.socket:
