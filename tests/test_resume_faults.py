@@ -79,7 +79,9 @@ def test_resume_after_a_failed_task_rebuilds_the_failure_book(tmp_path, run_dir)
 def test_a_cancelled_replay_after_sigterm_to_an_agent_is_requeued_and_the_run_ends(tmp_path, run_dir):  # noqa: F811
     (tmp_path / "inv.yaml").write_text(LOCAL_ONLY)
     (tmp_path / "bag.yaml").write_text(SLOW_BAG)
-    proc = start_broker(*run_args(tmp_path / "inv.yaml", tmp_path / "bag.yaml", run_dir))
+    # A deadline the local slots can meet: exit 0 says the run ended with every task done
+    # (the shared 2-minute one is out of their reach, and a missed deadline exits 1).
+    proc = start_broker(*run_args(tmp_path / "inv.yaml", tmp_path / "bag.yaml", run_dir, "--deadline", "1h"))
     try:
         wait_for(proc, run_dir, lambda: query(run_dir, "SELECT count(*) FROM attempts WHERE outcome = 'running'")[0][0]
                  >= 2, "two running attempts")
@@ -102,9 +104,11 @@ def test_a_cancelled_replay_after_sigterm_to_an_agent_is_requeued_and_the_run_en
 
 def test_a_kill_between_run_creation_and_task_insertion_leaves_a_resumable_run(tmp_path, run_dir):  # noqa: F811
     inv, bag = write_inputs(tmp_path, task_s=0.2)
-    killed = broker(*run_args(inv, bag, run_dir), crash="create_run:1", keep_moto=True)
+    # A deadline that is not at risk: exit 0 then says every task was done once (the shared
+    # 2-minute one is missed by seconds on a resumed run, and a missed deadline exits 1).
+    killed = broker(*run_args(inv, bag, run_dir, "--deadline", "1h"), crash="create_run:1", keep_moto=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    resumed = broker(*run_args(inv, bag, run_dir))
+    resumed = broker(*run_args(inv, bag, run_dir, "--deadline", "1h"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_every_task_done_once(run_dir, 10)
     assert_nothing_left(run_dir)
