@@ -194,32 +194,7 @@ def run(args: argparse.Namespace) -> int:
         work = work_from_args(args)
     inventory = load_inventory(args.inventory)
     types, private = inventory.types, inventory.private
-    chosen: Plan | None = None
-    reason: str | None = None
-    front: list[Plan] = []
-    cheapest: Plan | None = None
-    if args.policy == "bats":
-        if goal is None or goal.kind != "budget":
-            raise UsageError("the bats policy plans for a budget: give --budget USD")
-        per_type_s = {t.name: work.mean_ref_s / t.speed for t in types}
-        try:
-            chosen = bats_configuration(types, work.tasks, per_type_s, goal.value)
-            front = [chosen]
-        except NoFeasiblePlan as exc:
-            reason = str(exc)
-    else:
-        try:
-            whole = plan_front(types, private, work)
-            front = whole.points
-            cheapest = None if any(p is whole.cheapest for p in front) else whole.cheapest
-            if goal is not None:
-                chosen = plan_for_goal(types, private, work, goal, front=whole)
-                if goal.kind in ("point", "theta"):
-                    chosen = _as_run_chooses(types, private, work, chosen)
-        except NoFeasiblePlan as exc:
-            reason = str(exc)
-        except ValueError as exc:  # a point that is not on the front
-            raise UsageError(str(exc)) from None
+    front, cheapest, chosen, reason = _solve(args, types, private, work, goal)
     promised = None
     if args.policy != "bats" and chosen is not None:
         from broker.cli.plan_promise import promise_for
@@ -266,6 +241,38 @@ def run(args: argparse.Namespace) -> int:
         if reason:
             print(f"cannot meet {goal.describe() if goal else 'the goal'}: {reason}")
     return 1 if reason else 0
+
+
+def _solve(args, types, private, work: Work, goal) -> tuple[list[Plan], Plan | None, Plan | None, str | None]:
+    """The front (its knee points), the cheapest plan when it is not one of them, the plan
+    chosen for the goal, and why there is none."""
+    chosen: Plan | None = None
+    reason: str | None = None
+    front: list[Plan] = []
+    cheapest: Plan | None = None
+    if args.policy == "bats":
+        if goal is None or goal.kind != "budget":
+            raise UsageError("the bats policy plans for a budget: give --budget USD")
+        per_type_s = {t.name: work.mean_ref_s / t.speed for t in types}
+        try:
+            chosen = bats_configuration(types, work.tasks, per_type_s, goal.value)
+            front = [chosen]
+        except NoFeasiblePlan as exc:
+            reason = str(exc)
+    else:
+        try:
+            whole = plan_front(types, private, work)
+            front = whole.points
+            cheapest = None if any(p is whole.cheapest for p in front) else whole.cheapest
+            if goal is not None:
+                chosen = plan_for_goal(types, private, work, goal, front=whole)
+                if goal.kind in ("point", "theta"):
+                    chosen = _as_run_chooses(types, private, work, chosen)
+        except NoFeasiblePlan as exc:
+            reason = str(exc)
+        except ValueError as exc:  # a point that is not on the front
+            raise UsageError(str(exc)) from None
+    return front, cheapest, chosen, reason
 
 
 def _as_run_chooses(types, private, work: Work, chosen: Plan) -> Plan:

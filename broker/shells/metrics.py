@@ -152,10 +152,11 @@ PROMISE_KEYS = ("makespan_s", "cost_usd", "makespan_s_range", "cost_usd_range", 
 
 
 def promise_of(fields: dict[str, Any]) -> dict[str, Any] | None:
-    """The promise a ``plan.solved`` event made: its point figures, and its intervals when the
-    event has them (``promise`` nested, or flat)."""
-    source = fields.get("promise") if isinstance(fields.get("promise"), dict) else fields
-    out = {k: source[k] for k in PROMISE_KEYS if source.get(k) is not None}
+    """The promise a ``plan.solved`` event made: the plan's figures (those of the plan table,
+    the plan line, the launch question and the report's "proposed" column), with intervals
+    only when the event has them flat. The nested ``promise`` is the Monte Carlo forecast
+    (its median, not the plan's figure): it has gauges of its own (``_promise_gauges``)."""
+    out = {k: fields[k] for k in PROMISE_KEYS if fields.get(k) is not None}
     return out if "makespan_s" in out or "cost_usd" in out else None
 
 

@@ -33,7 +33,6 @@ import socket
 import stat
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple, Sequence
@@ -42,44 +41,31 @@ import paramiko
 import structlog
 
 from broker.core.model import PrivateNode
-from broker.shells.transport import TransportClosed
+from broker.shells.ssh_errors import (  # noqa: F401 - re-exported
+    AuthenticationFailed,
+    HostKeyChanged,
+    HostKeyUnknown,
+    HostUnreachable,
+    KeyFileRejected,
+    RemoteCommandTimeout,
+    SshError,
+)
+from broker.shells.ssh_hostkeys import (  # noqa: F401 - re-exported
+    UnknownHostKeyPolicy,
+    host_keys_from_console,
+    known_hosts_entry_name,
+    load_known_hosts,
+    unknown_host_key_message,
+    write_known_hosts,
+)
+from broker.shells.ssh_stream import SshTransport  # noqa: F401 - re-exported
 
 log = structlog.get_logger()
 
 DEFAULT_AGENT_DIR = "~/.broker/agent"
-_STDERR_TAIL_BYTES = 64 * 1024
 
 
-# --------------------------------------------------------------------------- errors
-
-
-class SshError(ConnectionError):
-    """Reaching or using a node over SSH failed; the message says what to do about it."""
-
-
-class HostUnreachable(SshError):
-    """No TCP connection, or no SSH handshake, with the node."""
-
-
-class HostKeyUnknown(SshError):
-    """The node's host key is not in known_hosts and trust-on-first-use was not asked for."""
-
-
-class HostKeyChanged(SshError):
-    """The node presented a key different from the one in known_hosts (never accepted)."""
-
-
-class AuthenticationFailed(SshError):
-    """The node refused our key."""
-
-
-class KeyFileRejected(SshError):
-    """The private key file is missing, unreadable, too open, encrypted, or not a key."""
-
-
-class RemoteCommandTimeout(SshError, TimeoutError):
-    """A set-up command did not finish within its timeout (its channel was closed)."""
-
+# Errors, the stream and host keys live in ssh_errors, ssh_stream and ssh_hostkeys (re-exported here).
 
 # --------------------------------------------------------------------------- target
 
@@ -155,8 +141,8 @@ def connect(target: SshTarget, *, tcp_nodelay: bool = True) -> SshSession:
     sock: socket.socket | None = None
     try:
         key = load_private_key(target.key_path)
-        _load_known_hosts(client, target)
-        client.set_missing_host_key_policy(_UnknownHostKeyPolicy(target))
+        load_known_hosts(client, target)
+        client.set_missing_host_key_policy(UnknownHostKeyPolicy(target))
         sock = _open_socket(target, tcp_nodelay)
         client.connect(
             target.host,
@@ -240,60 +226,6 @@ def _is_encrypted_key_file(path: Path) -> bool:
         return False
     length = int.from_bytes(blob[len(magic) : len(magic) + 4], "big")
     return blob[len(magic) + 4 : len(magic) + 4 + length] != b"none"
-
-
-def _load_known_hosts(client: paramiko.SSHClient, target: SshTarget) -> None:
-    if target.known_hosts_path is None:
-        client.load_system_host_keys()
-        return
-    path = Path(target.known_hosts_path).expanduser()
-    if path.exists():
-        client.load_host_keys(str(path))
-
-
-class _UnknownHostKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """Refuse a host key absent from known_hosts, or record it if the target trusts on first use."""
-
-    def __init__(self, target: SshTarget) -> None:
-        self._target = target
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        target = self._target
-        if not target.trust_on_first_use:
-            raise HostKeyUnknown(unknown_host_key_message(target, key.get_name(), key.fingerprint))
-        assert target.known_hosts_path is not None  # enforced by SshTarget
-        path = Path(target.known_hosts_path).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
-        # One write on an O_APPEND descriptor: concurrent connects cannot interleave lines.
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, line.encode("ascii"))
-        finally:
-            os.close(fd)
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        log.warning(
-            "ssh.host_key_trusted",
-            host=target.host,
-            port=target.port,
-            key_type=key.get_name(),
-            fingerprint=key.fingerprint,
-            known_hosts=str(path),
-        )
-
-
-def unknown_host_key_message(target: SshTarget, key_type: str, fingerprint: str) -> str:
-    """What to do about a host key that no known_hosts file holds: only steps the user can
-    take (check the fingerprint, add the key; for an inventory node, name a file that has it)."""
-    where = target.known_hosts_path or "~/.ssh/known_hosts"
-    scan = f"ssh-keyscan{'' if target.port == 22 else f' -p {target.port}'} {target.host}"
-    text = (f"host key for {target.address} is not in known_hosts ({where}): it offered {key_type} {fingerprint}. "
-            f"Check that fingerprint with the machine itself (ssh-keygen -lf on its host key), then add "
-            f"the key: `{scan} >> {where}` (or log in once with ssh and accept it)")
-    if target.label is not None and target.label.startswith("private node "):
-        name = target.label[len("private node "):]
-        text += f"; or give private node {name} a known_hosts: file in the inventory that holds it"
-    return text
 
 
 def _open_socket(target: SshTarget, tcp_nodelay: bool) -> socket.socket:
@@ -414,6 +346,12 @@ class SshSession:
             # The exit status follows end-of-file in the same burst from the server.
             got_status = channel.status_event.wait(max(0.0, deadline - time.monotonic()))
             exit_code = channel.recv_exit_status() if got_status else -1
+            if exit_code in _TIMED_OUT and time.monotonic() >= deadline:
+                # The node's `timeout` stopped it first (its limit and ours are the same): a
+                # loaded machine saw end-of-file before its own deadline passed.
+                raise RemoteCommandTimeout(
+                    f"command on {self.target.address} did not finish within {timeout_s:g} s"
+                )
             return CommandResult(
                 exit_code, stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace")
             )
@@ -562,6 +500,10 @@ class SshSession:
                 sftp.stat(path)
 
 
+# coreutils timeout's exit status when it stopped the command: TERM (124), or KILL (128 + 9).
+_TIMED_OUT = (124, 137)
+
+
 def _under_remote_timeout(command: str, timeout_s: float) -> str:
     """``command`` wrapped so the node stops its process group after ``timeout_s``.
 
@@ -592,104 +534,6 @@ def _sftp_path(remote_path: str) -> str:
         return remote_path[2:]
     return remote_path
 
-
-# --------------------------------------------------------------------------- stream
-
-
-class SshTransport:
-    """The Transport contract over one SSH channel: the remote command's stdin and stdout.
-
-    Its stderr is kept as a bounded tail (:meth:`stderr_tail`) for diagnostics, and drained
-    as it arrives so it can never stall stdout by exhausting the channel's window. One
-    thread may sit in ``recv`` while others ``send`` and ``close``: ``close`` wakes a
-    waiting ``recv`` (which returns ``b""``) before the channel, and with it the descriptor
-    ``recv`` polls, goes away.
-    """
-
-    def __init__(self, channel: paramiko.Channel, address: str) -> None:
-        self._channel = channel
-        self._address = address
-        self._ready_fd = channel.fileno()  # readable when stdout or stderr data, EOF or close
-        self._wake_r, self._wake_w = os.pipe()
-        self._recv_lock = threading.Lock()
-        self._close_lock = threading.Lock()
-        self._closed = False
-        self._stderr_lock = threading.Lock()
-        self._stderr_tail: deque[bytes] = deque()
-        self._stderr_bytes = 0
-
-    def send(self, data: bytes) -> None:
-        if self._closed:
-            raise TransportClosed(f"stream to {self._address} was closed")
-        view = memoryview(data)
-        try:
-            while view:
-                sent = self._channel.send(view)
-                if sent == 0:
-                    raise TransportClosed(f"stream to {self._address} stopped accepting data")
-                view = view[sent:]
-        except TransportClosed:
-            raise
-        except (OSError, EOFError, paramiko.SSHException) as exc:
-            raise TransportClosed(f"stream to {self._address} is gone: {exc}") from exc
-
-    def recv(self, max_bytes: int = 65536, timeout_s: float | None = None) -> bytes | None:
-        channel = self._channel
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._recv_lock:
-            while not self._closed:
-                self._drain_stderr()
-                if channel.recv_ready():
-                    return channel.recv(max_bytes)
-                if channel.eof_received or channel.closed:
-                    # Data that arrived just before the end is still delivered first.
-                    return channel.recv(max_bytes) if channel.recv_ready() else b""
-                remaining_s = None if deadline is None else deadline - time.monotonic()
-                if remaining_s is not None and remaining_s <= 0:
-                    return None
-                select.select([self._ready_fd, self._wake_r], [], [], remaining_s)
-            return b""
-
-    def close(self) -> None:
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-        os.write(self._wake_w, b"x")
-        with self._recv_lock:  # no recv is polling the descriptors any more
-            with contextlib.suppress(Exception):
-                self._channel.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed or self._channel.closed
-
-    @property
-    def exit_status(self) -> int | None:
-        """The remote command's exit code once it has ended (-1 if killed), else ``None``."""
-        if not self._channel.exit_status_ready():
-            return None
-        return self._channel.recv_exit_status()
-
-    def stderr_tail(self) -> bytes:
-        """The last bytes (up to 64 KiB) the remote command wrote to stderr."""
-        self._drain_stderr()
-        with self._stderr_lock:
-            return b"".join(self._stderr_tail)
-
-    def _drain_stderr(self) -> None:
-        with self._stderr_lock:
-            while self._channel.recv_stderr_ready():
-                chunk = self._channel.recv_stderr(65536)
-                self._stderr_tail.append(chunk)
-                self._stderr_bytes += len(chunk)
-                while self._stderr_bytes - len(self._stderr_tail[0]) >= _STDERR_TAIL_BYTES:
-                    self._stderr_bytes -= len(self._stderr_tail.popleft())
-
-
-# --------------------------------------------------------------------------- reaching fresh machines
 
 # Failures worth waiting out while a machine boots: sshd not listening yet, or cloud-init
 # not done installing the login's authorized key. A host key that is unknown or changed,
@@ -734,57 +578,3 @@ def connect_when_up(
                      error=type(exc).__name__, delay_s=round(min(delay, left), 3))
             sleep(min(delay, left))
             delay = min(delay * 2, max_delay_s)
-
-
-_CONSOLE_BEGIN = "-----BEGIN SSH HOST KEY KEYS-----"
-_CONSOLE_END = "-----END SSH HOST KEY KEYS-----"
-_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa")
-
-
-def host_keys_from_console(text: str) -> list[tuple[str, str]]:
-    """The host public keys cloud-init printed on a machine's console, as ``(type, base64)``.
-
-    cloud-init writes them between ``-----BEGIN SSH HOST KEY KEYS-----`` and ``-----END
-    SSH HOST KEY KEYS-----``; the last complete block counts (a reboot prints another).
-    Lines may carry a prefix (``ec2: ``, a kernel timestamp). ``[]`` if there is no block yet.
-    """
-    blocks: list[list[tuple[str, str]]] = []
-    current: list[tuple[str, str]] | None = None
-    for line in text.splitlines():
-        if _CONSOLE_BEGIN in line:
-            current = []
-        elif _CONSOLE_END in line:
-            if current is not None:
-                blocks.append(current)
-            current = None
-        elif current is not None:
-            words = line.split()
-            for i, word in enumerate(words[:-1]):
-                if word in _KEY_TYPES:
-                    current.append((word, words[i + 1]))
-                    break
-    return blocks[-1] if blocks else []
-
-
-def known_hosts_entry_name(host: str, port: int) -> str:
-    """How OpenSSH (and paramiko) name a host in known_hosts: ``[host]:port`` off port 22."""
-    return host if port == 22 else f"[{host}]:{port}"
-
-
-def write_known_hosts(path: str | os.PathLike[str], host: str, port: int, keys: Sequence[tuple[str, str]]) -> None:
-    """Write ``keys`` as the only known keys of ``host:port`` in a fresh file at ``path`` (mode 600)."""
-    name = known_hosts_entry_name(host, port)
-    for key_type, blob in keys:  # refuse garbage before it becomes a trusted entry
-        try:
-            paramiko.PKey.from_type_string(key_type, base64.b64decode(blob, validate=True))
-        except Exception as exc:  # noqa: BLE001 - any parse failure means "not a key"
-            raise SshError(f"console output of {host} holds an unreadable {key_type} host key "
-                           f"({type(exc).__name__})") from None
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = "".join(f"{name} {key_type} {blob}\n" for key_type, blob in keys)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, text.encode("ascii"))
-    finally:
-        os.close(fd)
