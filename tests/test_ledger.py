@@ -208,6 +208,39 @@ def test_a_refused_launch_for_capacity_or_a_partial_start_hides_the_type_for_a_w
     assert led.snapshot(1.0).types["c5"].limit == 0 and led.snapshot(101.0).types["c5"].limit == 10
 
 
+def test_a_type_whose_instances_never_come_up_is_given_up_after_three():
+    """Regression: an instance whose agent could not start was lost, the plan launched
+    another, and so on at every tick (a live test with a broken agent launched 294 instances,
+    each a paid hour, in 14 minutes). After BROKEN_AFTER lost before they were ready, the type
+    gets no room for the rest of the run, and a run left with nothing gives up."""
+    led = ledger(tasks=("a",), privates=(), tick_s=60.0, replan_every_s=120.0)
+    for k in range(3):
+        assert led.snapshot(10.0 * k).types["c5"].limit == 10
+        led.on_launched(f"i-{k}", "c5", 10.0 * k, 10.0 * k)
+        if k == 1:
+            led.on_setup_failed(f"i-{k}", 10.0 * k + 1)  # the bag's setup failing counts too
+        else:
+            led.on_node_lost(f"i-{k}", 10.0 * k + 1)
+        led.on_released(f"i-{k}", 10.0 * k + 2)  # the shell terminates it at once
+    assert led.broken_types == {"c5"}
+    assert led.snapshot(1e6).types["c5"].limit == 0  # for good, not for a cooldown
+    assert [led.on_tick(60.0 * k) for k in range(1, 6)] == [False, False, False, True, True]
+
+
+def test_a_type_that_came_up_once_is_never_given_up_and_ec2_losses_do_not_count():
+    led = ledger(tasks=("a",), privates=())
+    instance(led, "i-0")  # ready: the type works
+    for k in range(1, 5):
+        led.on_launched(f"i-{k}", "c5", 0.0, 0.0)
+        led.on_node_lost(f"i-{k}", 1.0)
+    assert led.broken_types == set() and led.snapshot(2.0).types["c5"].limit == 10
+    led2 = ledger(tasks=("a",), privates=())
+    for k in range(4):  # EC2 says they are gone (interrupted, terminated from outside): not the type's fault
+        led2.on_launched(f"i-{k}", "c5", 0.0, 0.0)
+        led2.on_node_lost(f"i-{k}", 1.0, gone=True)
+    assert led2.broken_types == set()
+
+
 def test_reattaches_are_counted_against_the_failure_policy():
     led = ledger(policy=FailurePolicy(reattaches=2))
     assert [led.reattach_allowed("p") for _ in range(3)] == [True, True, False]

@@ -125,6 +125,8 @@ CATALOGUE: dict[str, EventSpec] = {
         _spec("agent.stop_failed", "stopping an agent failed (after a full disk)", "node error"),
         _spec("instance.type_avoided", "capacity or limit errors: the type is avoided for a while",
               "type kind until_s"),
+        _spec("instance.type_broken", "instances of the type kept failing to come up (their agent or the "
+              "bag's setup), none ever did: the run rents no more of it", "type instances"),
         _spec("instance.stray_terminated", "on resume, an instance with the run's tag that no launch intent names "
               "was terminated", "instance_id type reason terminated"),
         _spec("resume.stray", "on resume, an instance of the journal lacks the run's tag on EC2: left alone",
@@ -181,7 +183,7 @@ CONSOLE_EVENTS = frozenset((
     "run.start", "run.resume", "run.stop", "run.left", "run.done", "run.disk_full", "run.disk_full_released",
     "plan.solved", "decision.notes", "budget.stop", "metrics.serving",
     "instance.launch", "instance.launch_failed", "instance.ready", "instance.terminated",
-    "instance.terminate_failed", "instance.type_avoided", "instance.stray_terminated",
+    "instance.terminate_failed", "instance.type_avoided", "instance.type_broken", "instance.stray_terminated",
     "node.ready", "node.lost", "node.down", "node.setup_failed", "node.quarantined", "agent.lost", "agent.reattach_failed",
     "task.failed", "task.quarantined", "task.outputs_failed",
     "sample.start", "sample.exhausted", "sample.failure", "sample.timeout", "sample.adopted",

@@ -104,6 +104,7 @@ class Daemon(AttemptsMixin, NodesMixin):
         self.memory = Memory()
         self.first_plan: tuple[float | None, float | None] | None = None
         self.last_notes: tuple[str, ...] = ()
+        self._broken_said: set[str] = set()  # types the ledger gave up on, already said
         self.budget_stopped = False
         self.confirmed = confirm is None
         self.stop_requested = False  # set by a signal handler: read by the loop only
@@ -257,6 +258,9 @@ class Daemon(AttemptsMixin, NodesMixin):
                 changed |= self._on_control(message)
         if tick:
             changed |= self._reconcile_fleet()
+        for name in sorted(self.ledger.broken_types - self._broken_said):  # given up for the run
+            self._broken_said.add(name)
+            self._emit("instance.type_broken", type=name, instances=self.ledger.never_up.get(name, 0))
         if tick or changed:
             self._decide(tick)
         if tick and self.ledger.on_tick(self.clock.now_s(), self.memory.budget_stopped,

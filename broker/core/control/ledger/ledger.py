@@ -41,6 +41,12 @@ from .records import STALE, Attempt, Ended, Followup, NodeQuarantined, NodeRecor
 from .snapshots import SnapshotMixin
 
 
+# Instances of a type that never came up (their agent could not start, or the bag's setup
+# failed) before the type is given up for the run, while none of its instances ever did: an
+# AMI without python3 or a login that never works would otherwise relaunch an instance, and
+# pay a billing unit, at every tick (a test with a broken agent launched 294 in 14 minutes).
+BROKEN_AFTER = 3
+
 # Launch failures that make a type avoided for ``FailurePolicy.type_cooldown_s``: asking
 # again at once would only fail again (EC2's capacity comes back by itself).
 AVOID_KINDS = ("capacity", "limit", "partial")
@@ -78,6 +84,8 @@ class Ledger(SnapshotMixin):
         self.prior_mean_ref_s, self.prior_sd_ref_s, self.budget_usd = prior_mean_ref_s, prior_sd_ref_s, budget_usd
         self.book = FailureBook(policy)
         self.cooldown = TypeCooldown(policy.type_cooldown_s)
+        self.never_up: dict[str, int] = {}  # type -> instances lost before they were ready
+        self.broken_types: set[str] = set()  # given up for the run (BROKEN_AFTER)
         self.pool = TaskPool()
         self.estimates: dict[str, float | None] = {}
         self.attempts: dict[str, int] = {}  # task -> highest attempt started
@@ -407,6 +415,8 @@ class Ledger(SnapshotMixin):
         if node is None or node.terminated_at_s is not None or node.ready_at_s is not None:
             return False
         node.ready_at_s = now
+        if node.type is not None:
+            self.never_up[node.type.name] = -1  # one came up: the type works
         if not node.running:
             node.idle_since_s = now
         self._late.pop(node_id, None)
@@ -418,8 +428,22 @@ class Ledger(SnapshotMixin):
         node = self.nodes.get(node_id)
         if node is None or node.terminated_at_s is not None:
             return []
+        self._never_came_up(node, now)
         self._set_lost(node)
         return [self._release_now(node, now, ReleaseCause.SETUP_FAILED)] if node.type is not None else []
+
+    def _never_came_up(self, node: NodeRecord, now: float) -> None:
+        """An instance lost before it was ready: after ``BROKEN_AFTER`` of a type none of whose
+        instances came up, the type is avoided for the rest of the run."""
+        if node.type is None or node.ready_at_s is not None:
+            return
+        name = node.type.name
+        if self.never_up.get(name, 0) < 0:
+            return
+        self.never_up[name] = self.never_up.get(name, 0) + 1
+        if self.never_up[name] >= BROKEN_AFTER:
+            self.broken_types.add(name)
+            self.cooldown.until_s[name] = math.inf
 
     def on_budget_stop(self) -> None:
         """The controller stopped buying (``StopForBudget``): the stall watch ends the run sooner."""
@@ -448,9 +472,13 @@ class Ledger(SnapshotMixin):
             node.down = True
             self._touch(node)
         else:
+            if not gone:
+                self._never_came_up(node, now)
             self._set_lost(node)
         ended = []
         for a in list(node.running.values()):
+            if node.running.get(a.slot) is not a:
+                continue  # stopped meanwhile: a copy the failure of another cancelled (a quarantine)
             self._stop(a, now)
             ended.append(self._failed(a, None, "lost", now))
         followups: list[Followup] = []
@@ -535,7 +563,7 @@ class Ledger(SnapshotMixin):
             for n in self._live.values())
         self.idle_ticks = 0 if alive else self.idle_ticks + 1
         return may_give_up(self.idle_ticks, budget_stopped=budget_stopped or self.budget_stopped,
-                           types_avoided=bool(self.cooldown.avoided(now)), tick_s=self.tick_s,
+                           types_avoided=bool(self.cooldown.avoided(now) - self.broken_types), tick_s=self.tick_s,
                            replan_every_s=self.replan_every_s)
 
     def private_cost_usd(self) -> float:
