@@ -155,7 +155,7 @@ def _stop_on_node(run_id: str, node) -> dict | str:
 
 
 def _duration(seconds: float) -> str:
-    from broker.config.durations import format_duration
+    from broker.core.units import format_duration
 
     return format_duration(seconds)
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from broker.cli import UsageError
 from broker.cli.terminal import goal_text, promise_figures, promise_text
-from broker.config.durations import format_duration
+from broker.core.units import format_duration
 from broker.shells.journal import JOURNAL_FILE, Journal, JournalError
 from broker.shells.metrics import anchor_s, figures, run_now_s
 

@@ -41,7 +41,7 @@ from pathlib import Path
 from broker.cli import UsageError
 from broker.cli.plan import add_goal_arguments, confidence_from_args, goal_from_args
 from broker.cli.runview import RunConsole
-from broker.config.durations import parse_duration
+from broker.core.units import parse_duration
 
 DRY_RUN_TIME_SCALE = 60.0
 # Set (to anything) to keep a dry run's moto server after the run, to inspect it; `broker

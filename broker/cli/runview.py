@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from broker.cli.terminal import ProgressBoard, duration, goal_text, is_terminal, money, promise_text
-from broker.config.durations import format_duration
+from broker.core.units import format_duration
 
 # The ETA (read from the journal) is recomputed at most this often, in wall seconds.
 _ETA_EVERY_S = 1.0

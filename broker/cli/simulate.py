@@ -45,7 +45,7 @@ def run(args) -> int:
     from broker.cli import UsageError
     from broker.cli.plan import confidence_from_args, goal_from_args
     from broker.cli.verdict import facts_of_simulation, judge
-    from broker.config.durations import format_duration, parse_duration
+    from broker.core.units import format_duration, parse_duration
     from broker.config.inventory import load_inventory
     from broker.core.control.controller import ControllerConfig
     from broker.core.control.snapshot import Goal
@@ -123,7 +123,7 @@ class ProgressView:
         self.logged_tenths = 0
 
     def __call__(self, p) -> None:
-        from broker.config.durations import format_duration
+        from broker.core.units import format_duration
 
         if self.board is not None:
             now = self.clock()

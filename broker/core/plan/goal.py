@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..model import ExistingInstance, MachineType, PrivateNode
+from ..units import format_duration
 from .front import Front, choose_point, choose_theta, plan_front
 from .mincost import min_cost
 from .search import min_makespan
@@ -38,8 +39,6 @@ class Goal:
             raise ValueError(f"theta is between 0 (fastest) and 1 (cheapest), got {self.value!r}")
 
     def describe(self) -> str:
-        from broker.config.durations import format_duration
-
         if self.kind == "deadline":
             return f"deadline {format_duration(self.value)}"
         if self.kind == "budget":
