@@ -111,7 +111,8 @@ class RunConsole:
         point, theta or no goal, whose promise is a front point; the upper value for a deadline
         or budget), its figures shifted to the run's start."""
         from broker.cli.frontview import FrontView
-        from broker.core.plan import Goal, NoFeasiblePlan, Work, pareto_front
+        from broker.core.goal import Goal
+        from broker.core.plan import NoFeasiblePlan, Work, pareto_front
 
         rem, memory = request.remaining, request.memory
         promise_goal = self.goal.kind in ("point", "theta", "none")

@@ -48,7 +48,7 @@ def run(args) -> int:
     from broker.core.units import format_duration, parse_duration
     from broker.config.inventory import load_inventory
     from broker.core.control.controller import ControllerConfig
-    from broker.core.control.snapshot import Goal
+    from broker.core.goal import Goal
     from broker.sim.engine import SimOptions, Simulation
     from broker.sim.workloads import WorkloadError, load_runtimes_csv, load_workload
 
@@ -60,8 +60,7 @@ def run(args) -> int:
             workload = load_runtimes_csv(args.runtimes)
     except WorkloadError as exc:
         raise UsageError(str(exc)) from None
-    g = goal_from_args(args)
-    goal = Goal() if g is None else Goal(g.kind, g.value)
+    goal = goal_from_args(args) or Goal()  # no goal: the cheapest plan
     if args.policy == "list" and args.eta is None:
         raise UsageError("--policy list needs --eta K (the number of most cost-efficient machines)")
     try:

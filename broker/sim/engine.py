@@ -51,7 +51,8 @@ from ..core.control.actions import Assign, Cancel, Launch, Replicate, ScheduleRe
 from ..core.control.controller import Controller, ControllerConfig
 from ..core.control.failures import FailurePolicy
 from ..core.control.ledger import Ledger, NodeQuarantined, Quarantine
-from ..core.control.snapshot import Goal, Memory, Snapshot
+from ..core.control.snapshot import Memory, Snapshot
+from ..core.goal import Goal
 from ..core.model import Inventory, MachineType
 
 TICK, READY, END, RELEASE, FAIL, LOSS, KILL, REVIVE = 0, 1, 2, 3, 4, 5, 6, 7

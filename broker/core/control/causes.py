@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from ..goal import GoalKind  # noqa: F401 - the goal's own module holds it; re-exported
+
 
 class Policy(StrEnum):
     """Who decides the fleet: the broker's planner, or one of the baselines it is compared with."""
@@ -27,14 +29,6 @@ class Policy(StrEnum):
     BATCH = "batch"  # AWS Batch managed compute environment, BEST_FIT_PROGRESSIVE
     STATIC = "static"  # condor_annex: a fixed fleet on a renewed lease
     PANDA = "panda"  # thesis Ch. 6: estimator tools, workload targets, FFD with targets
-
-
-class GoalKind(StrEnum):
-    DEADLINE = "deadline"  # seconds from the start, at least cost
-    BUDGET = "budget"  # USD, as soon as possible
-    POINT = "point"  # 1-based row of the printed front
-    THETA = "theta"  # 0 fastest .. 1 cheapest
-    NONE = "none"  # the cheapest point
 
 
 class LaunchCause(StrEnum):
