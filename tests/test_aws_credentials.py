@@ -12,7 +12,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from broker.core.model import AwsSettings
+from broker.config.aws import AwsSettings
 from broker.shells.aws import Ec2Fleet, LaunchErrorKind
 from test_aws_fleet import REGION, isolate_from_real_aws
 

@@ -16,7 +16,7 @@ import pytest
 import moto.settings
 from moto import mock_aws
 
-from broker.core.model import AwsSettings
+from broker.config.aws import AwsSettings
 from broker.shells.aws import (
     MANAGED_TAG,
     RUN_TAG,

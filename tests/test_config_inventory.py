@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from broker.config.errors import ConfigError
 from broker.config.inventory import load_inventory, parse_inventory
 from broker.core.billing import Billing
-from broker.core.model import AwsSettings, Inventory, MachineType, PrivateNode
+from broker.config.aws import AwsSettings
+from broker.core.model import Inventory, MachineType, PrivateNode
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -283,7 +284,7 @@ def inventories(draw) -> Inventory:
         )
         for name in type_names
     )
-    return Inventory(private=private, types=types, source="<inventory>")
+    return Inventory(private=private, types=types, aws=AwsSettings(), source="<inventory>")  # as the loader sets it
 
 
 def _as_yaml(inventory: Inventory) -> str:

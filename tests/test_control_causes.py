@@ -10,7 +10,8 @@ import pytest
 
 from broker.core.billing import Billing
 from broker.core.control.actions import Assign, Cancel, Launch, Replicate, ScheduleRelease, StopForBudget
-from broker.core.control.causes import GoalKind, LaunchCause, Policy, ReleaseCause, WorkCause
+from broker.core.control.causes import (AttemptOutcome, Ending, GoalKind, LaunchCause, Policy, ReleaseCause, TaskState,
+                                        WorkCause)
 from broker.core.control.controller import POLICIES, Controller, ControllerConfig
 from broker.core.control.snapshot import Goal
 from broker.core.model import Inventory, MachineType, PrivateNode
@@ -22,6 +23,9 @@ STORED = {
              "panda"},
     GoalKind: {"deadline", "budget", "point", "theta", "none"},
     WorkCause: {"sampling", "dispatch", "nothing_fits_anywhere", "tail_replication", "private_budget_spent"},
+    TaskState: {"pending", "sampling", "running", "done", "failed", "quarantined", "cancelled"},
+    AttemptOutcome: {"running", "ok", "failed", "timed_out", "lost", "cancelled"},
+    Ending: {"done", "replica", "failed", "lost", "cancelled", "stale"},
 }
 EMITTED_BY_CONTROLLER = {
     Launch: LaunchCause, ScheduleRelease: ReleaseCause, Assign: WorkCause, Replicate: WorkCause,
@@ -80,3 +84,27 @@ def test_every_cause_the_controller_emits_is_a_member_of_its_vocabulary(policy, 
     assert ctl.actions
     unclassified = [a for a in ctl.actions if not isinstance(a.cause, EMITTED_BY_CONTROLLER[type(a)])]
     assert unclassified == []
+
+
+def test_the_journal_accepts_exactly_the_task_states_and_attempt_outcomes(tmp_path):
+    """The journal's CHECK constraints are written from the enums: every member is stored, and a
+    string outside them is refused by SQLite itself."""
+    import sqlite3
+
+    from broker.shells.journal import Journal
+
+    journal = Journal.open(tmp_path / "run")
+    journal.create_run("r", goal_kind="budget", budget_usd=1.0, retries=0, at_s=0.0)
+    db = sqlite3.connect(tmp_path / "run" / "journal.sqlite")
+    for k, state in enumerate(TaskState):
+        db.execute("INSERT INTO tasks (id, command, state, done_attempt) VALUES (?, 'true', ?, ?)",
+                   (f"t{k}", state, 1 if state is TaskState.DONE else None))
+    for k, outcome in enumerate(AttemptOutcome):
+        db.execute("INSERT INTO attempts (task_id, attempt, node, outcome, ended_at) VALUES ('t0', ?, 'n', ?, ?)",
+                   (k + 1, outcome, None if outcome is AttemptOutcome.RUNNING else 1.0))
+    with pytest.raises(sqlite3.IntegrityError):
+        db.execute("INSERT INTO tasks (id, command, state) VALUES ('x', 'true', 'finished')")
+    with pytest.raises(sqlite3.IntegrityError):
+        db.execute("INSERT INTO attempts (task_id, attempt, node, outcome, ended_at) VALUES ('t0', 99, 'n', 'done', 1)")
+    db.close()
+    journal.close()

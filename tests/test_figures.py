@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from broker.cli import main
-from broker.config.durations import format_duration
+from broker.core.units import format_duration
 
 
 def _money(text: str) -> float:

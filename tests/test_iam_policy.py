@@ -164,7 +164,7 @@ def test_no_statement_allows_deleting_tags_or_a_wildcard_resource_for_a_mutating
 
 def test_what_the_policy_requires_is_what_a_launch_sends() -> None:
     """The tag the conditions name is the one the fleet puts on every instance and volume."""
-    from broker.core.model import AwsSettings
+    from broker.config.aws import AwsSettings
     from broker.shells.aws import Ec2Fleet
 
     class _NoCalls:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from broker.cli import UsageError
-from broker.config.durations import parse_duration
+from broker.core.units import parse_duration
 
 PRICING_REGION = "us-east-1"  # the Price List API's endpoint
 DEFAULT_MEM_PER_SLOT_GIB = 2.0

@@ -155,7 +155,7 @@ def _stop_on_node(run_id: str, node) -> dict | str:
 
 
 def _duration(seconds: float) -> str:
-    from broker.config.durations import format_duration
+    from broker.core.units import format_duration
 
     return format_duration(seconds)
 
@@ -200,7 +200,7 @@ def _bring_down(journal, record, server, problems: list[str]) -> tuple[list[str]
 
 def _terminate_dry(record, server, known_ids: list[str]) -> tuple[list[str], list[str]]:
     """The dry run's instances in its moto server: the journal's and any under the tag."""
-    from broker.core.model import AwsSettings
+    from broker.config.aws import AwsSettings
     from broker.shells.aws import Ec2Fleet
     from broker.shells.moto_world import DEFAULT_REGION, fake_aws_environment, server_client
 
@@ -234,7 +234,7 @@ def _terminate_live(record, known_ids: list[str]) -> tuple[list[str], list[str]]
         inventory = None  # the instances are found by the run's tag all the same
     settings = inventory.aws if inventory is not None else None
     if settings is None:
-        from broker.core.model import AwsSettings
+        from broker.config.aws import AwsSettings
 
         settings = AwsSettings()
     fleet = Ec2Fleet(boto3.Session(), settings, record.id)

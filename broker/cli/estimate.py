@@ -26,7 +26,7 @@ import numpy as np
 import structlog
 
 from broker.cli import UsageError
-from broker.config.durations import format_duration, parse_duration
+from broker.core.units import format_duration, parse_duration
 from broker.config.errors import ConfigError, Problem
 from broker.core.estimate.contract import census
 from broker.core.estimate.rules import RULE_NAMES, expected_samples, make_rule

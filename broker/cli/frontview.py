@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from broker.config.durations import format_duration
+from broker.core.units import format_duration
 
 # Two plans are the same when their fleets match and their figures agree to this much.
 _SAME_USD = 0.005

@@ -31,7 +31,7 @@ import structlog
 
 from broker.cli import UsageError
 from broker.cli.frontview import FrontView, plot_front, render_table
-from broker.config.durations import format_duration, parse_duration
+from broker.core.units import format_duration, parse_duration
 from broker.core.estimate import Estimate
 from broker.core.estimate.rules import RULE_NAMES
 from broker.core.model import Bag

@@ -30,7 +30,7 @@ from typing import Any
 
 from broker.cli import UsageError
 from broker.cli.terminal import goal_text, promise_figures, promise_text
-from broker.config.durations import format_duration
+from broker.core.units import format_duration
 from broker.shells.journal import JOURNAL_FILE, Journal, JournalError
 from broker.shells.metrics import anchor_s, figures, run_now_s
 
@@ -323,7 +323,8 @@ def _first_front(report: dict[str, Any], run_dir: Path):
         return None, f"front not drawn: inventory {inventory_path} not found"
     from broker.cli.frontview import FrontView
     from broker.config.inventory import load_inventory
-    from broker.core.plan import Goal, NoFeasiblePlan, Work, pareto_front
+    from broker.core.goal import Goal
+    from broker.core.plan import NoFeasiblePlan, Work, pareto_front
 
     inventory = load_inventory(inventory_path)
     goal = report.get("goal") or {}

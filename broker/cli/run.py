@@ -41,7 +41,7 @@ from pathlib import Path
 from broker.cli import UsageError
 from broker.cli.plan import add_goal_arguments, confidence_from_args, goal_from_args
 from broker.cli.runview import RunConsole
-from broker.config.durations import parse_duration
+from broker.core.units import parse_duration
 
 DRY_RUN_TIME_SCALE = 60.0
 # Set (to anything) to keep a dry run's moto server after the run, to inspect it; `broker
@@ -112,11 +112,11 @@ def _duration(flag: str, text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from broker.config.bag import load_bag
     from broker.config.inventory import load_inventory
-    from broker.core.control.snapshot import Goal
+    from broker.core.goal import Goal
 
     goal_arg = goal_from_args(args)
     confidence_from_args(args)  # a bad --confidence exits 2 before anything starts
-    goal = Goal() if goal_arg is None else Goal(goal_arg.kind, goal_arg.value)
+    goal = goal_arg or Goal()  # no goal: the cheapest plan
     tick_s = _duration("--tick", args.tick)
     margin_s = _duration("--margin", args.margin)
     scale = args.time_scale if args.time_scale is not None else (DRY_RUN_TIME_SCALE if args.dry_run else 1.0)

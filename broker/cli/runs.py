@@ -19,7 +19,7 @@ from typing import Any
 
 from broker.cli import UsageError
 from broker.cli.terminal import goal_text, money
-from broker.config.durations import format_duration
+from broker.core.units import format_duration
 
 RUNS_DIR = Path("runs")
 

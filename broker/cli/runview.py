@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from broker.cli.terminal import ProgressBoard, duration, goal_text, is_terminal, money, promise_text
-from broker.config.durations import format_duration
+from broker.core.units import format_duration
 
 # The ETA (read from the journal) is recomputed at most this often, in wall seconds.
 _ETA_EVERY_S = 1.0
@@ -111,7 +111,8 @@ class RunConsole:
         point, theta or no goal, whose promise is a front point; the upper value for a deadline
         or budget), its figures shifted to the run's start."""
         from broker.cli.frontview import FrontView
-        from broker.core.plan import Goal, NoFeasiblePlan, Work, pareto_front
+        from broker.core.goal import Goal
+        from broker.core.plan import NoFeasiblePlan, Work, pareto_front
 
         rem, memory = request.remaining, request.memory
         promise_goal = self.goal.kind in ("point", "theta", "none")

@@ -45,10 +45,10 @@ def run(args) -> int:
     from broker.cli import UsageError
     from broker.cli.plan import confidence_from_args, goal_from_args
     from broker.cli.verdict import facts_of_simulation, judge
-    from broker.config.durations import format_duration, parse_duration
+    from broker.core.units import format_duration, parse_duration
     from broker.config.inventory import load_inventory
     from broker.core.control.controller import ControllerConfig
-    from broker.core.control.snapshot import Goal
+    from broker.core.goal import Goal
     from broker.sim.engine import SimOptions, Simulation
     from broker.sim.workloads import WorkloadError, load_runtimes_csv, load_workload
 
@@ -60,8 +60,7 @@ def run(args) -> int:
             workload = load_runtimes_csv(args.runtimes)
     except WorkloadError as exc:
         raise UsageError(str(exc)) from None
-    g = goal_from_args(args)
-    goal = Goal() if g is None else Goal(g.kind, g.value)
+    goal = goal_from_args(args) or Goal()  # no goal: the cheapest plan
     if args.policy == "list" and args.eta is None:
         raise UsageError("--policy list needs --eta K (the number of most cost-efficient machines)")
     try:
@@ -123,7 +122,7 @@ class ProgressView:
         self.logged_tenths = 0
 
     def __call__(self, p) -> None:
-        from broker.config.durations import format_duration
+        from broker.core.units import format_duration
 
         if self.board is not None:
             now = self.clock()

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Mapping
 
 from broker.cli import UsageError
-from broker.config.durations import format_duration, parse_duration
+from broker.core.units import format_duration, parse_duration
 from broker.cli.terminal import goal_text
 from broker.shells.journal import JOURNAL_FILE, Journal, JournalError, Overview, RunRecord
 from broker.shells.metrics import CONFIDENCE_Z, Figures, anchor_s, figures, interval_level, run_now_s

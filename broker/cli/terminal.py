@@ -20,7 +20,7 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, TextIO
 
-from broker.config.durations import format_duration
+from broker.core.units import format_duration
 
 
 # -- figures -----------------------------------------------------------------------------------

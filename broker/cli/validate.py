@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from broker.config.bag import load_bag
-from broker.config.durations import format_duration
+from broker.core.units import format_duration
 from broker.config.errors import ConfigError, Problem
 from broker.config.inventory import load_inventory
 from broker.core.model import Bag, Inventory

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from broker.config.durations import format_duration
+from broker.core.units import format_duration
 
 _TOLERANCE_S = 1e-6
 

@@ -18,7 +18,7 @@ import math
 import re
 from typing import Iterable
 
-from .durations import parse_duration
+from broker.core.units import parse_duration
 from .errors import ConfigError, Problem
 from .yamlsource import Node
 

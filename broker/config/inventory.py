@@ -55,8 +55,9 @@ import stat
 from pathlib import Path
 
 from broker.core.billing import Billing
-from broker.core.model import AwsSettings, Inventory, MachineType, PrivateNode
+from broker.core.model import Inventory, MachineType, PrivateNode
 
+from .aws import AwsSettings
 from .errors import ConfigError, Problem
 from .fields import Checker, join, suggestion
 from .yamlsource import Node, load_yaml

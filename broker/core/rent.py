@@ -13,7 +13,7 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from broker.core.control.snapshot import Goal
+from broker.core.goal import Goal
 from broker.core.model import Inventory, MachineType
 
 

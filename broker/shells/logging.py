@@ -217,7 +217,7 @@ def _strict_json(event: Any, **kw: Any) -> str:
 def _human(key: str, value: Any) -> str:
     """A field as a person reads it: durations (``*_s``) as ``4h17m``, dollars (``*_usd``) as
     ``$0.17``; JSON keeps the raw numbers."""
-    from broker.config.durations import format_duration
+    from broker.core.units import format_duration
 
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if key.endswith("_usd"):

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from broker.core.model import AwsSettings
+from broker.config.aws import AwsSettings
 
 DEFAULT_REGION = "us-east-1"
 SERVER_FILE = "moto.json"

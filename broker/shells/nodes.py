@@ -29,7 +29,8 @@ from typing import Any, Callable, Mapping
 
 import structlog
 
-from broker.core.model import AwsSettings, PrivateNode
+from broker.config.aws import AwsSettings
+from broker.core.model import PrivateNode
 from broker.shells.agent_client import AgentClient
 from broker.shells.local_transport import attach_local_agent, stop_local_agent
 from broker.shells.private_files import make_private, private_dir

@@ -48,10 +48,12 @@ from typing import Callable
 import numpy as np
 
 from ..core.control.actions import Assign, Cancel, Launch, Replicate, ScheduleRelease, StopForBudget
+from ..core.control.causes import Ending
 from ..core.control.controller import Controller, ControllerConfig
 from ..core.control.failures import FailurePolicy
 from ..core.control.ledger import Ledger, NodeQuarantined, Quarantine
-from ..core.control.snapshot import Goal, Memory, Snapshot
+from ..core.control.snapshot import Memory, Snapshot
+from ..core.goal import Goal
 from ..core.model import Inventory, MachineType
 
 TICK, READY, END, RELEASE, FAIL, LOSS, KILL, REVIVE = 0, 1, 2, 3, 4, 5, 6, 7
@@ -350,7 +352,7 @@ class Simulation:
         if not e.changed:
             return False  # a cancelled replica or a killed attempt
         start = self._exec.pop((task, attempt))
-        if e.outcome == "done":
+        if e.outcome == Ending.DONE:
             self.result.tasks_done += 1
             self.result.completions[task] = self.result.completions.get(task, 0) + 1
             if self.result.tasks_done > 1:

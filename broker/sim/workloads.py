@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from ..config.durations import parse_duration
+from ..core.units import parse_duration
 from .engine import SimWorkload
 
 DEFAULT_X_CUT = (-2.0, 8.0)  # 2^-2 = 15 s ... 2^8 = 256 min: the stated tail cut for pow2 normals

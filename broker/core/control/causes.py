@@ -1,4 +1,5 @@
-"""The control core's closed vocabularies: policies, goal kinds and the causes of actions.
+"""The control core's closed vocabularies: policies, goal kinds, the causes of actions, the
+states of a task and the outcomes of its attempts.
 
 Each is a ``StrEnum`` whose values are the strings the event log and the journal have always
 carried, so an enum member compares equal to its string and is written as it (JSON, SQLite,
@@ -10,6 +11,8 @@ marked as a shell's, so that one place names every reason the broker spends or s
 from __future__ import annotations
 
 from enum import StrEnum
+
+from ..goal import GoalKind  # noqa: F401 - the goal's own module holds it; re-exported
 
 
 class Policy(StrEnum):
@@ -27,14 +30,6 @@ class Policy(StrEnum):
     BATCH = "batch"  # AWS Batch managed compute environment, BEST_FIT_PROGRESSIVE
     STATIC = "static"  # condor_annex: a fixed fleet on a renewed lease
     PANDA = "panda"  # thesis Ch. 6: estimator tools, workload targets, FFD with targets
-
-
-class GoalKind(StrEnum):
-    DEADLINE = "deadline"  # seconds from the start, at least cost
-    BUDGET = "budget"  # USD, as soon as possible
-    POINT = "point"  # 1-based row of the printed front
-    THETA = "theta"  # 0 fastest .. 1 cheapest
-    NONE = "none"  # the cheapest point
 
 
 class LaunchCause(StrEnum):
@@ -104,3 +99,45 @@ class WorkCause(StrEnum):
     NOTHING_FITS_ANYWHERE = "nothing_fits_anywhere"
     TAIL_REPLICATION = "tail_replication"
     PRIVATE_BUDGET_SPENT = "private_budget_spent"  # Cancel: the budget pays no more private time
+
+
+class TaskState(StrEnum):
+    """Where a task stands (the journal's ``tasks.state``)."""
+
+    PENDING = "pending"  # waiting for a slot (again, after a failure within its retries)
+    SAMPLING = "sampling"  # running as a drawn sample
+    RUNNING = "running"
+    DONE = "done"  # a result counts (the first success)
+    FAILED = "failed"  # out of retries
+    QUARANTINED = "quarantined"  # poison: failed everywhere, or killed its nodes
+    CANCELLED = "cancelled"  # given up without running (a stop for the budget)
+
+
+# Task states that are given up: no attempt will be made again.
+SETTLED_FAILED = (TaskState.FAILED, TaskState.QUARANTINED, TaskState.CANCELLED)
+
+
+class AttemptOutcome(StrEnum):
+    """How one attempt of a task ended (the journal's ``attempts.outcome``)."""
+
+    RUNNING = "running"  # not ended yet
+    OK = "ok"  # exit code 0 within the timeout
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    LOST = "lost"  # vanished with its agent or node
+    CANCELLED = "cancelled"  # stopped by the broker (a replica that lost the race, a re-queue)
+
+
+# Attempt outcomes that count as a failure of the task.
+FAILURES = (AttemptOutcome.FAILED, AttemptOutcome.TIMED_OUT, AttemptOutcome.LOST)
+
+
+class Ending(StrEnum):
+    """What the end of an attempt meant to the ledger (``ledger.Ended.outcome``)."""
+
+    DONE = "done"  # the first result: the task is done
+    REPLICA = "replica"  # a success after the task was done
+    FAILED = "failed"  # counted by the failure rules
+    LOST = "lost"  # vanished with its agent or node: a failure without a signature
+    CANCELLED = "cancelled"  # no failure: re-queued
+    STALE = "stale"  # no such attempt runs (a replay, a written-off copy): nothing changed

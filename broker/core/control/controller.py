@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..goal import Goal
 from .actions import Action, ScheduleRelease
 from .baselines import BASELINES, baseline_fleet
 from .budget import stop_private_work
@@ -45,7 +46,7 @@ from .peers import PeerOptions
 from .planning import FleetPlanner
 from .sampling import sample, samples_needed, sd_estimate
 from .scratch import Scratch
-from .snapshot import Goal, Memory, Snapshot
+from .snapshot import Memory, Snapshot
 
 POLICIES = (Policy.BROKER, *BASELINES)
 

@@ -1,9 +1,9 @@
 """The controller's narrow view of the planner (``broker.core.plan``).
 
-Translates a snapshot's fleet into the planner's existing instances, turns planner
-exceptions into results with a reason (the controller never raises on an infeasible goal:
-it falls back to the fastest plan and says why), and keeps the front choice for point and
-theta goals in one place.
+Translates a snapshot's fleet into the planner's existing instances, asks the planner for
+a goal's plan by the one path ``broker plan`` takes too (``broker.core.plan.plan_for_goal``),
+and turns planner exceptions into results with a reason (the controller never raises on an
+infeasible goal: it falls back to the fastest plan and says why).
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..goal import Goal, GoalKind
 from ..model import ExistingInstance, MachineType, PrivateNode
-from .causes import GoalKind, LaunchCause
+from .causes import LaunchCause
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,14 +97,21 @@ class FleetPlanner:
         work = Work(total_ref_s=max(rem.upper_ref_s, 1e-6), tasks=tasks, mean_ref_s=mean_ref_s, sd_ref_s=rem.sd_ref_s)
         return PlannerInput(tuple(types), tuple(private), tuple(existing), work, now_s)
 
+    def for_goal(self, pin: PlannerInput, goal: Goal, *, work=None, hint_s: float | None = None, front=None):
+        """``plan_for_goal`` (the one path from a goal to a plan) on ``pin``; ``work`` instead
+        of ``pin.work`` when given. A point beyond a run-time front takes its nearest row."""
+        from ..plan import plan_for_goal
+
+        return plan_for_goal(pin.types, pin.private, pin.work if work is None else work, goal,
+                             existing=pin.existing, now_s=pin.now_s, options=self.options, front=front,
+                             hint_s=hint_s, nearest=True)
+
     def cheapest_by(self, pin: PlannerInput, deadline_s: float) -> PlanResult:
-        from ..plan import NoFeasiblePlan, min_cost, min_makespan
+        from ..plan import NoFeasiblePlan
 
         if math.isfinite(deadline_s) and deadline_s > 0:
             try:
-                plan = min_cost(pin.types, pin.private, pin.work, deadline_s, existing=pin.existing,
-                                now_s=pin.now_s, options=self.options)
-                return PlanResult(plan, LaunchCause.DEADLINE_PLAN)
+                return PlanResult(self.for_goal(pin, Goal(GoalKind.DEADLINE, deadline_s)), LaunchCause.DEADLINE_PLAN)
             except NoFeasiblePlan as exc:
                 fallback = exc.fastest
                 if fallback is not None:
@@ -113,8 +121,7 @@ class FleetPlanner:
                                       f"(${fallback.cost_usd:.2f})")
         # No finite deadline left (or none given): the fastest plan there is.
         try:
-            plan = min_makespan(pin.types, pin.private, pin.work, math.inf, existing=pin.existing,
-                                now_s=pin.now_s, options=self.options)
+            plan = self.for_goal(pin, Goal(GoalKind.BUDGET, math.inf))
             return PlanResult(plan, LaunchCause.DEADLINE_PASSED_FASTEST_PLAN, "deadline cannot be met: running the fastest plan")
         except NoFeasiblePlan as exc:
             return PlanResult(None, None, str(exc))
@@ -128,11 +135,10 @@ class FleetPlanner:
         plan ended, from now (the search starts there)."""
         from dataclasses import replace
 
-        from ..plan import NoFeasiblePlan, min_makespan
+        from ..plan import NoFeasiblePlan
 
         def attempt(work):
-            return min_makespan(pin.types, pin.private, work, max(budget_usd, 0.0), existing=pin.existing,
-                                now_s=pin.now_s, options=self.options, hint_s=hint_s)
+            return self.for_goal(pin, Goal(GoalKind.BUDGET, max(budget_usd, 0.0)), work=work, hint_s=hint_s)
 
         try:
             return PlanResult(attempt(pin.work), LaunchCause.BUDGET_PLAN)
@@ -155,8 +161,10 @@ class FleetPlanner:
             return PlanResult(None, None, first_error)
         return PlanResult(best, LaunchCause.BUDGET_SHORT, f"{first_error}; buying about {lo:.0%} of the remaining work")
 
-    def front_choice(self, pin: PlannerInput, goal):
-        from ..plan import NoFeasiblePlan, choose_point, choose_theta, plan_front
+    def front_choice(self, pin: PlannerInput, goal: Goal):
+        """The plan a point, theta or no goal adopts: its front choice (the nearest row when the
+        run-time front has fewer than ``broker plan`` printed), as soon as its cost allows."""
+        from ..plan import NoFeasiblePlan, plan_front
 
         try:
             front = plan_front(pin.types, pin.private, pin.work, existing=pin.existing, now_s=pin.now_s,
@@ -165,15 +173,7 @@ class FleetPlanner:
             return None
         if not front.points:
             return None
-        if goal.kind == GoalKind.POINT:
-            # The run-time front may have fewer points than the one ``broker plan`` printed:
-            # take the nearest point that exists rather than fail.
-            chosen = choose_point(front.points, min(max(int(goal.value), 1), len(front.points)))
-        elif goal.kind == GoalKind.THETA:
-            chosen = choose_theta(front.with_cheapest(), float(goal.value))
-        else:
-            chosen = front.cheapest  # no goal: the cheapest plan
-        return self.soonest_at_cost(pin, chosen)
+        return self.soonest_at_cost(pin, self.for_goal(pin, goal, front=front))
 
     def soonest_at_cost(self, pin: PlannerInput, chosen):
         """The soonest plan that costs no more than ``chosen``.
@@ -184,11 +184,10 @@ class FleetPlanner:
         then "over-delivers" by the gap (thesis Table 6.6 measures delivered against
         proposed). One min-makespan search, once, when the goal is resolved.
         """
-        from ..plan import NoFeasiblePlan, min_makespan
+        from ..plan import NoFeasiblePlan
 
         try:
-            sooner = min_makespan(pin.types, pin.private, pin.work, chosen.cost_usd, existing=pin.existing,
-                                  now_s=pin.now_s, options=self.options)
+            sooner = self.for_goal(pin, Goal(GoalKind.BUDGET, chosen.cost_usd))
         except NoFeasiblePlan:
             return chosen
         return sooner if sooner.makespan_s < chosen.makespan_s else chosen

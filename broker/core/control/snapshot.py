@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from ..goal import Goal  # noqa: F401 - the one goal class (broker.core.goal); re-exported
 from ..model import MachineType
-from .causes import GoalKind
 from .pool import TaskPool
 
 
@@ -53,20 +53,6 @@ class NodeView:
     def free_slots(self) -> list[int]:
         busy = {r.slot for r in self.running}
         return [i for i in range(self.slots) if i not in busy]
-
-
-@dataclass(frozen=True, slots=True)
-class Goal:
-    """The user's goal. ``kind``: deadline (seconds from start), budget (USD), point (1-based
-    index into the front), theta (0..1, weight of cost against time), or none (cheapest)."""
-
-    kind: GoalKind = GoalKind.NONE
-    value: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in GoalKind.__members__.values():
-            raise ValueError(f"unknown goal kind {self.kind!r}")
-        object.__setattr__(self, "kind", GoalKind(self.kind))  # a plain string comes in too
 
 
 @dataclass(frozen=True, slots=True)

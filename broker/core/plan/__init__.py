@@ -11,7 +11,7 @@
 from .bats import bats_configuration
 from .bound import fluid_lower_bound
 from .front import Front, choose_point, choose_theta, pareto_front, plan_front
-from .goal import GOAL_KINDS, Goal, plan_for_goal
+from .goal import GOAL_KINDS, Goal, choose_on_front, plan_for_goal
 from .mincost import min_cost
 from .pnorm import pnorm_allocation
 from .search import min_makespan
@@ -21,5 +21,5 @@ __all__ = [
     "GOAL_KINDS", "HEURISTIC", "OPTIMAL", "TIME_LIMIT",
     "Extension", "Front", "Goal", "NewGroup", "NoFeasiblePlan", "Plan", "PlanOptions", "Work",
     "bats_configuration", "choose_point", "choose_theta", "fluid_lower_bound", "min_cost",
-    "min_makespan", "pareto_front", "plan_front", "plan_for_goal", "pnorm_allocation",
+    "choose_on_front", "min_makespan", "pareto_front", "plan_front", "plan_for_goal", "pnorm_allocation",
 ]

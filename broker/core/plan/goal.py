@@ -1,52 +1,34 @@
-"""The user's goal, shared by ``broker plan``, ``broker simulate`` and ``broker run``.
-
-One of: finish by a deadline at least cost (``deadline``, seconds from now), finish as soon
-as possible within a budget (``budget``, USD), a point of the printed front (``point``, 1-based)
-or a weight between cost and time on the front (``theta``: 1 cheapest, 0 fastest).
+"""The one path from a user's goal (:class:`broker.core.goal.Goal`) to a plan, taken by
+``broker plan`` and, through the controller's planner (``broker.core.control.planning``), by
+``broker simulate`` and ``broker run``: a deadline is met at least cost, a budget buys the
+fastest plan it can, a point or theta is chosen on the front and no goal takes its cheapest plan.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Sequence
 
+from ..goal import GOAL_KINDS, Goal, GoalKind  # noqa: F401 - re-exported
 from ..model import ExistingInstance, MachineType, PrivateNode
 from .front import Front, choose_point, choose_theta, plan_front
 from .mincost import min_cost
 from .search import min_makespan
 from .types import Plan, PlanOptions, Work
 
-GOAL_KINDS = ("deadline", "budget", "point", "theta")
 
-
-@dataclass(frozen=True, slots=True)
-class Goal:
-    kind: str
-    value: float
-
-    def __post_init__(self) -> None:
-        if self.kind not in GOAL_KINDS:
-            raise ValueError(f"a goal is one of {', '.join(GOAL_KINDS)}, got {self.kind!r}")
-        if math.isnan(self.value) or self.value < 0:
-            raise ValueError(f"the {self.kind} must be >= 0, got {self.value!r}")
-        if self.kind == "deadline" and self.value <= 0:
-            raise ValueError("the deadline must be more than 0 seconds from now")
-        if self.kind == "point" and (self.value != int(self.value) or self.value < 1):
-            raise ValueError(f"a front point is a row number 1, 2, ..., got {self.value!r}")
-        if self.kind == "theta" and self.value > 1:
-            raise ValueError(f"theta is between 0 (fastest) and 1 (cheapest), got {self.value!r}")
-
-    def describe(self) -> str:
-        from broker.config.durations import format_duration
-
-        if self.kind == "deadline":
-            return f"deadline {format_duration(self.value)}"
-        if self.kind == "budget":
-            return f"budget ${self.value:.2f}"
-        if self.kind == "point":
-            return f"front point {int(self.value)}"
-        return f"theta {self.value:g}"
+def choose_on_front(front: Front, goal: Goal, *, nearest: bool = False) -> Plan:
+    """The front's plan for a point, theta or no goal. A point is a printed row (``nearest``:
+    the nearest row there is, for a run-time front that may have fewer rows than the one the
+    user saw; else a ValueError for a row that is not on it); theta chooses among the rows and
+    the cheapest plan; no goal is the cheapest plan."""
+    if goal.kind is GoalKind.POINT:
+        row = int(goal.value)
+        return choose_point(front.points, min(max(row, 1), len(front.points)) if nearest else row)
+    if goal.kind is GoalKind.THETA:
+        return choose_theta(front.with_cheapest(), float(goal.value))
+    if goal.kind is GoalKind.NONE:
+        return front.cheapest
+    raise ValueError(f"a {goal.kind} goal is not chosen on the front")
 
 
 def plan_for_goal(
@@ -59,19 +41,21 @@ def plan_for_goal(
     now_s: float = 0.0,
     options: PlanOptions = PlanOptions(),
     front: Front | None = None,
+    hint_s: float | None = None,
+    nearest: bool = False,
 ) -> Plan:
-    """The plan meeting ``goal``; ``front`` (when the caller has one) serves point and theta goals:
-    a point is a printed row (a knee point), theta chooses among those and the cheapest plan.
+    """The plan meeting ``goal``; ``front`` (when the caller has one) serves point, theta and
+    no goal (:func:`choose_on_front`, with ``nearest``); ``hint_s`` is where a budget's
+    search starts.
 
     Raises NoFeasiblePlan when a deadline or budget cannot be met, ValueError for a point
     that is not on the front.
     """
-    if goal.kind == "deadline":
+    if goal.kind is GoalKind.DEADLINE:
         return min_cost(types, private, work, goal.value, existing=existing, now_s=now_s, options=options)
-    if goal.kind == "budget":
-        return min_makespan(types, private, work, goal.value, existing=existing, now_s=now_s, options=options)
+    if goal.kind is GoalKind.BUDGET:
+        return min_makespan(types, private, work, goal.value, existing=existing, now_s=now_s, options=options,
+                            hint_s=hint_s)
     if front is None:
         front = plan_front(types, private, work, existing=existing, now_s=now_s, options=options)
-    if goal.kind == "point":
-        return choose_point(front.points, int(goal.value))
-    return choose_theta(front.with_cheapest(), goal.value)
+    return choose_on_front(front, goal, nearest=nearest)

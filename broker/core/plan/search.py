@@ -32,7 +32,7 @@ import dataclasses
 import math
 from typing import Sequence
 
-from broker.config.durations import format_duration
+from ..units import format_duration
 
 from ..model import ExistingInstance, MachineType, PrivateNode
 from .capacity import Catalogue

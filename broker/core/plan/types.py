@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from broker.config.durations import format_duration
+from ..units import format_duration
 
 # Plan.status values.
 OPTIMAL = "optimal"  # the solver proved optimality (within PlanOptions.gap_rel)

@@ -34,7 +34,7 @@ import structlog
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, WaiterError
 
-from broker.core.model import AwsSettings
+from broker.config.aws import AwsSettings
 
 from .errors import RETRYABLE, classify, kind_of_code
 from .records import (

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from broker.core.control.causes import TaskState
 from broker.core.control.ledger import AttemptRow, InstanceRow, JournalRows, TaskRow
 
 from .base import JournalBase
@@ -213,15 +214,15 @@ class JournalReader(JournalBase):
 
     def _status(self, db: sqlite3.Connection, now_stored: float, states: Mapping[str, int]) -> dict[str, Any]:
         total = sum(states.values())
-        done = states["done"]
-        failed = states["failed"] + states["quarantined"]
+        done = states[TaskState.DONE]
+        failed = states[TaskState.FAILED] + states[TaskState.QUARANTINED]
         alive, terminated = db.execute(
             "SELECT coalesce(sum(state <> 'terminated'), 0), coalesce(sum(state = 'terminated'), 0)"
             " FROM instances"
         ).fetchone()
         budget = db.execute("SELECT budget_usd FROM run").fetchone()
         return {
-            "tasks": {"total": total, "done": done, "running": states["running"] + states["sampling"],
+            "tasks": {"total": total, "done": done, "running": states[TaskState.RUNNING] + states[TaskState.SAMPLING],
                       "failed": failed, "left": total - done - failed},
             "instances": {"running": alive, "terminated": terminated},
             "committed_usd": round(self._committed(db, now_stored), 6),

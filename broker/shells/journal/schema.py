@@ -22,15 +22,17 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from broker.core.billing import Billing
+from broker.core.control.causes import AttemptOutcome, TaskState
+from broker.core.goal import GOAL_KINDS  # goal_kind's values: a run with no goal is journaled as theta 1 (cli/run.py)
 from broker.shells.diskfull import DiskFull
 
 JOURNAL_FILE = "journal.sqlite"
 SCHEMA_VERSION = 1
 
-TASK_STATES = ("pending", "sampling", "running", "done", "failed", "quarantined", "cancelled")
+TASK_STATES = tuple(s.value for s in TaskState)  # ("pending", "sampling", ..., "cancelled")
+ATTEMPT_OUTCOMES = tuple(o.value for o in AttemptOutcome)
 INSTANCE_STATES = ("pending", "running", "terminating", "terminated", "unknown")
 RUN_STATES = ("running", "finished", "stopped")
-GOAL_KINDS = ("deadline", "budget", "point", "theta")
 
 _SCHEMA = f"""
 CREATE TABLE meta (
@@ -84,7 +86,7 @@ CREATE TABLE attempts (
     started_at  REAL,                               -- NULL: result arrived without a start
     ended_at    REAL,
     outcome     TEXT NOT NULL DEFAULT 'running'
-                CHECK (outcome IN ('running', 'ok', 'failed', 'timed_out', 'lost', 'cancelled')),
+                CHECK (outcome IN {ATTEMPT_OUTCOMES}),
     exit_code   INTEGER,
     runtime_s   REAL,
     timed_out   INTEGER NOT NULL DEFAULT 0 CHECK (timed_out IN (0, 1)),
@@ -188,8 +190,8 @@ class AttemptResult:
     @property
     def outcome(self) -> str:
         if self.ok:
-            return "ok"
-        return "timed_out" if self.timed_out else "failed"
+            return AttemptOutcome.OK
+        return AttemptOutcome.TIMED_OUT if self.timed_out else AttemptOutcome.FAILED
 
 
 @dataclass(frozen=True, slots=True)

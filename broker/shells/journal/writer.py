@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from broker.core.billing import Billing
+from broker.core.control.causes import TaskState
 from broker.core.model import Task
 
 from .reader import JournalReader
@@ -291,7 +292,7 @@ class Journal(JournalReader):
             requeued = []
             for task_id in dict.fromkeys(task_ids):  # each lost attempt is one failure
                 lost = task_ids.count(task_id)
-                if self._count_failure(db, task_id, f"node {node} lost", lost) == "pending":
+                if self._count_failure(db, task_id, f"node {node} lost", lost) == TaskState.PENDING:
                     requeued.append(task_id)
             return requeued
 

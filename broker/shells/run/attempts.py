@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.core.control.actions import Assign, Cancel, Replicate, ScheduleRelease
+from broker.core.control.causes import Ending
 from broker.core.control.failures import AGENT_STOPPING, signature
 from broker.core.control.ledger import Ended, Followup, NodeQuarantined, Quarantine, Requeue
 from broker.shells.agent_client import NodeLost, TaskLost
@@ -121,7 +122,7 @@ class AttemptsMixin:
         if not e.changed:
             return False
         self.journal.task_finished(r.task, r.attempt, outcome, node=node, at_s=now)
-        if e.outcome == "done":
+        if e.outcome == Ending.DONE:
             self._done(node, r, e)
         return True
 
@@ -159,7 +160,7 @@ class AttemptsMixin:
         if not e.changed:
             return False
         a = e.attempt
-        if e.outcome == "cancelled":
+        if e.outcome == Ending.CANCELLED:
             self.journal.attempt_cancelled(a.task_id, a.attempt)
             self.log.info("task.requeued", task=a.task_id, attempt=a.attempt, node=a.node, reason=reason)
             self._carry_out(e.followups)

@@ -42,7 +42,8 @@ from broker.core.control.actions import Assign, Cancel, Launch, Replicate, Sched
 from broker.core.control.controller import Controller, ControllerConfig, Decision
 from broker.core.control.failures import FailurePolicy
 from broker.core.control.ledger import Ledger, launch_cost_usd
-from broker.core.control.snapshot import Goal, Memory
+from broker.core.control.snapshot import Memory
+from broker.core.goal import Goal
 from broker.core.model import Bag, Inventory
 from broker.shells.clock import RunClock
 from broker.shells.diskfull import DiskFull

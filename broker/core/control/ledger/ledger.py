@@ -33,7 +33,7 @@ import numpy as np
 
 from ...model import MachineType, PrivateNode
 from ..actions import Cancel, Launch, ScheduleRelease
-from ..causes import ReleaseCause
+from ..causes import Ending, ReleaseCause
 from ..failures import FailureBook, FailurePolicy, TypeCooldown, may_give_up
 from ..pool import TaskPool
 from ..snapshot import NodeView, Observations
@@ -271,7 +271,7 @@ class Ledger(SnapshotMixin):
             return STALE  # a cancelled copy, a replay, or an attempt already written off
         self._stop(a, now)
         if task_id in self.done:
-            return Ended("replica", a)
+            return Ended(Ending.REPLICA, a)
         node = self.nodes[node_id]
         self.quarantined.pop(task_id, None)  # it did succeed after all
         self.book.succeeded(node_id)
@@ -279,7 +279,7 @@ class Ledger(SnapshotMixin):
         ref = (now - a.started_at_s if runtime_s is None else runtime_s) * node.speed
         self.observe(ref, self.estimates.get(task_id))
         self.last_done_s = now
-        return Ended("done", a, None, tuple(self._cancel_copies(task_id, "first_result_wins", now)), ref)
+        return Ended(Ending.DONE, a, None, tuple(self._cancel_copies(task_id, "first_result_wins", now)), ref)
 
     def on_attempt_failed(self, node_id: str, task_id: str, attempt: int, now: float, signature: str | None) -> Ended:
         """An attempt ended without a result; ``signature`` names the error as compared across
@@ -289,7 +289,7 @@ class Ledger(SnapshotMixin):
         if a is None:
             return STALE
         self._stop(a, now)
-        return self._failed(a, signature, "failed", now)
+        return self._failed(a, signature, Ending.FAILED, now)
 
     def on_attempt_lost(self, node_id: str, task_id: str, attempt: int, now: float) -> Ended:
         """The node's agent no longer has the attempt (it restarted, or cancelled it without
@@ -301,10 +301,10 @@ class Ledger(SnapshotMixin):
         self._stop(a, now)
         if a.resumed:
             r = self._requeue(task_id, False, "never_reached_agent")
-            return Ended("cancelled", a, None, (r,) if r else ())
-        return self._failed(a, None, "lost", now)
+            return Ended(Ending.CANCELLED, a, None, (r,) if r else ())
+        return self._failed(a, None, Ending.LOST, now)
 
-    def _failed(self, a: Attempt, signature: str | None, outcome: str, now: float) -> Ended:
+    def _failed(self, a: Attempt, signature: str | None, outcome: Ending, now: float) -> Ended:
         task = a.task_id
         if task in self.done or task in self.quarantined:
             return Ended(outcome, a)
@@ -480,7 +480,7 @@ class Ledger(SnapshotMixin):
             if node.running.get(a.slot) is not a:
                 continue  # stopped meanwhile: a copy the failure of another cancelled (a quarantine)
             self._stop(a, now)
-            ended.append(self._failed(a, None, "lost", now))
+            ended.append(self._failed(a, None, Ending.LOST, now))
         followups: list[Followup] = []
         if not comes_back and node.type is not None:
             cause = ReleaseCause.INSTANCE_LOST if gone else ReleaseCause.NODE_LOST

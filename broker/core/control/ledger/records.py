@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ...model import MachineType
 from ..actions import Cancel, ScheduleRelease
+from ..causes import Ending
 from ..failures import Verdict
 from ..snapshot import NodeView
 
@@ -116,7 +117,7 @@ class Ended:
     already settled or for a cancel).
     """
 
-    outcome: str
+    outcome: Ending
     attempt: Attempt | None
     verdict: Verdict | None = None
     followups: tuple[Followup, ...] = ()
@@ -124,7 +125,7 @@ class Ended:
 
     @property
     def changed(self) -> bool:
-        return self.outcome != "stale"
+        return self.outcome != Ending.STALE
 
 
-STALE = Ended("stale", None)
+STALE = Ended(Ending.STALE, None)

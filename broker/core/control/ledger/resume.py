@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from ..actions import ScheduleRelease
-from ..causes import ReleaseCause
+from ..causes import FAILURES, SETTLED_FAILED, AttemptOutcome, ReleaseCause, TaskState
 from ..failures import signature
 from .ledger import Ledger
 from .records import Followup
 
-SETTLED_FAILED = ("failed", "quarantined", "cancelled")  # task states that are given up
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +45,7 @@ class AttemptRow:
     node: str
     started_at_s: float | None
     ended_at_s: float | None
-    outcome: str  # running | ok | failed | timed_out | lost | cancelled
+    outcome: str  # an AttemptOutcome: running | ok | failed | timed_out | lost | cancelled
     runtime_s: float | None
     exit_code: int | None = None
     timed_out: bool = False
@@ -85,7 +84,7 @@ def restore(ledger: Ledger, rows: JournalRows, speeds: Mapping[str, float]) -> R
     for row in rows.tasks:
         if row.attempts:
             ledger.attempts[row.id] = row.attempts
-        if row.state == "done" and row.done_attempt is not None:
+        if row.state == TaskState.DONE and row.done_attempt is not None:
             ledger.done.add(row.id)
             done_attempt[row.id] = row.done_attempt
         elif row.state in SETTLED_FAILED:
@@ -101,10 +100,10 @@ def restore(ledger: Ledger, rows: JournalRows, speeds: Mapping[str, float]) -> R
     out = Restored()
     nodes = {a.node for a in rows.attempts} | set(speeds)
     others = max(0, len(nodes) - 1)  # who else could have taken work is not journaled
-    ended = sorted((a for a in rows.attempts if a.outcome != "running"),
+    ended = sorted((a for a in rows.attempts if a.outcome != AttemptOutcome.RUNNING),
                    key=lambda a: -math.inf if a.ended_at_s is None else a.ended_at_s)
     for a in ended:
-        if a.outcome == "ok":
+        if a.outcome == AttemptOutcome.OK:
             if done_attempt.get(a.task_id) != a.attempt:
                 continue  # a replica that lost the race: not counted
             ledger.book.succeeded(a.node)
@@ -113,13 +112,13 @@ def restore(ledger: Ledger, rows: JournalRows, speeds: Mapping[str, float]) -> R
                 ledger.observe(ref, ledger.estimates.get(a.task_id))
             if a.ended_at_s is not None:
                 ledger.last_done_s = max(ledger.last_done_s, a.ended_at_s)
-        elif a.outcome in ("failed", "timed_out", "lost"):
-            sig = None if a.outcome == "lost" else signature(a.exit_code, a.timed_out, a.error)
+        elif a.outcome in FAILURES:
+            sig = None if a.outcome == AttemptOutcome.LOST else signature(a.exit_code, a.timed_out, a.error)
             verdict = ledger.book.failed(a.task_id, a.node, sig, others)
             if verdict.bad_node:
                 out.bad_nodes.add(a.node)
     for a in rows.attempts:
-        if a.outcome == "running":
+        if a.outcome == AttemptOutcome.RUNNING:
             out.running.setdefault(a.node, []).append(a)
     return out
 
