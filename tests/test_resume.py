@@ -223,7 +223,9 @@ def test_resume_refuses_other_inputs_and_down_releases_the_killed_run(tmp_path, 
 
 
 def test_instance_terminated_from_outside_is_lost_and_its_tasks_requeued(tmp_path, run_dir):
-    inv, bag = write_inputs(tmp_path, task_s=2.0)
+    # Tasks of 4 s: the instance must still be running one when the test terminates it (with
+    # 2 s tasks a loaded machine saw the run end, and its moto server stop, in between).
+    inv, bag = write_inputs(tmp_path, task_s=4.0)
     proc = start_broker(*run_args(inv, bag, run_dir))
     try:
         def busy_instance():
