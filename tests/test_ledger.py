@@ -208,6 +208,14 @@ def test_a_refused_launch_for_capacity_or_a_partial_start_hides_the_type_for_a_w
     assert led.snapshot(1.0).types["c5"].limit == 0 and led.snapshot(101.0).types["c5"].limit == 10
 
 
+def test_a_launch_timing_out_after_its_retries_hides_the_type_like_a_capacity_error():
+    # A type whose RunInstances keeps timing out (an outage of its endpoint, a stuck API) is
+    # as unusable as one without capacity: asking again at every tick only stalls the loop.
+    led = ledger(tasks=("a",), policy=FailurePolicy(type_cooldown_s=100.0))
+    assert led.on_launch_failed("c5", 0.0, "timeout") == 100.0
+    assert led.snapshot(1.0).types["c5"].limit == 0 and led.snapshot(101.0).types["c5"].limit == 10
+
+
 def test_reattaches_are_counted_against_the_failure_policy():
     led = ledger(policy=FailurePolicy(reattaches=2))
     assert [led.reattach_allowed("p") for _ in range(3)] == [True, True, False]
