@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import select
 import threading
+import time
 from collections import deque
 
 import paramiko
