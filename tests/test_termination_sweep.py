@@ -46,7 +46,7 @@ def test_a_failed_termination_is_not_recorded_as_done_and_is_retried_until_ec2_c
     assert_ec2_matches_the_journal(run_dir)
     assert query(run_dir, "SELECT count(*) FROM instances WHERE state <> 'terminated'") == [(0,)]
     status = broker("status", str(run_dir))
-    assert status.returncode == 0, status.stderr
+    assert status.returncode == 0 and "fleet  0 alive" in status.stdout, status.stdout + status.stderr
     assert_every_task_done_once(run_dir, TASKS)
     assert_nothing_left(run_dir)
 
@@ -66,6 +66,10 @@ def test_a_termination_ec2_never_confirms_exits_1_naming_the_instance_still_bill
     assert {e["instance_id"] for e in events(run_dir, "instance.terminated")}.isdisjoint(running)
     [unconfirmed] = events(run_dir, "run.instances_unconfirmed")
     assert set(unconfirmed["instance_ids"]) == running
+    status = broker("status", str(run_dir))  # what a user sees: still there, still terminating
+    for instance_id in running:
+        line = next((ln for ln in status.stdout.splitlines() if instance_id in ln), "")
+        assert "terminating" in line, status.stdout + status.stderr
     down = broker("down", str(run_dir), keep_moto=True)  # what the message says to do, without faults
     assert down.returncode == 0, down.stderr[-3000:]
     assert query(run_dir, "SELECT DISTINCT state FROM instances") == [("terminated",)]
