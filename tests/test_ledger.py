@@ -239,6 +239,12 @@ def test_a_type_that_came_up_once_is_never_given_up_and_ec2_losses_do_not_count(
         led2.on_launched(f"i-{k}", "c5", 0.0, 0.0)
         led2.on_node_lost(f"i-{k}", 1.0, gone=True)
     assert led2.broken_types == set()
+def test_a_launch_timing_out_after_its_retries_hides_the_type_like_a_capacity_error():
+    # A type whose RunInstances keeps timing out (an outage of its endpoint, a stuck API) is
+    # as unusable as one without capacity: asking again at every tick only stalls the loop.
+    led = ledger(tasks=("a",), policy=FailurePolicy(type_cooldown_s=100.0))
+    assert led.on_launch_failed("c5", 0.0, "timeout") == 100.0
+    assert led.snapshot(1.0).types["c5"].limit == 0 and led.snapshot(101.0).types["c5"].limit == 10
 
 
 def test_reattaches_are_counted_against_the_failure_policy():

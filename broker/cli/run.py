@@ -371,6 +371,10 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
         print_report(run_dir)
         if report.state != "left":
             print(verdict.text(), flush=True)
+    if report.unterminated:
+        print(f"EC2 has not confirmed the termination of {', '.join(report.unterminated)}: they may still bill; "
+              f"run `broker down {run_dir}`", file=sys.stderr, flush=True)
+        return 1
     if report.stop_reason == "declined":
         return 1
     return 0 if verdict.met and report.tasks_done == report.tasks_total else 1

@@ -55,16 +55,21 @@ CATALOGUE: dict[str, EventSpec] = {
                        "makespan_s cost_usd fleet status reason promise promise_text promise_why"),
         _spec("decision.notes", "the controller's notes on a decision (a budget cap, a launch cut short), "
               "when they change", "notes"),
-        _spec("instance.launch", "EC2 launched an instance", "instance_id type cause launched_at_s boot_s"),
+        _spec("instance.launch", "EC2 launched an instance (cause `adopted`: found under the run's tag after its "
+              "launch was recorded failed)", "instance_id type cause launched_at_s boot_s",
+              optional="client_token reason"),
         _spec("instance.launch_failed", "a launch failed or fell short",
               "type requested launched kind code error cause"),
         _spec("instance.ready", "an instance's agent answered (and its setup ran)",
               "instance_id type at_s boot_s slots"),
         _spec("instance.release_scheduled", "an instance's release was (re)scheduled",
               "instance_id at_s paid_until_s cause"),
-        _spec("instance.terminated", "an instance was terminated",
+        _spec("instance.terminated", "EC2 confirmed an instance's termination",
               "instance_id type cause launched_at_s at_s paid_until_s cost_usd committed_usd"),
-        _spec("instance.terminate_failed", "terminating an instance failed", "instance_id error"),
+        _spec("instance.terminate_failed", "EC2 did not confirm a termination: the instance stays `terminating` "
+              "and is asked again every tick", "instance_id error retry"),
+        _spec("run.instances_unconfirmed", "the run ended with instances whose termination EC2 never confirmed "
+              "(exit 1; run `broker down`)", "instance_ids reason"),
         _spec("node.ready", "a private node's agent answered", "node at_s slots"),
         _spec("node.lost", "a node stopped answering, or its agent could not start", "node reason"),
         _spec("node.down", "a node's agent is stopping: its attempts are re-run elsewhere, the node takes "
@@ -104,7 +109,8 @@ CATALOGUE: dict[str, EventSpec] = {
         _spec("run.down", "`broker down` released a run (journal only)", "terminated failed"),
         _spec("run.report", "the final report as one object (debug level)",
               "run_id state tasks samples instances_launched makespan_s cost_usd cloud_cost_usd "
-              "private_cost_usd planned deviation_pct cost_by_type_usd budget_stopped time_scale stop_reason"),
+              "private_cost_usd planned deviation_pct cost_by_type_usd budget_stopped time_scale stop_reason "
+              "instances_not_terminated"),
         _spec("run.disk_full", "the run directory's disk is full: the run stops", "error"),
         _spec("run.disk_full_released", "after a full disk, the run's instances were terminated without the journal",
               "instance_ids terminated failed"),
@@ -123,12 +129,13 @@ CATALOGUE: dict[str, EventSpec] = {
               optional="reason running attempt attempts agent_running pending_results"),
         _spec("agent.reattach_failed", "an agent could not be reached again: the node is lost", "node reason error"),
         _spec("agent.stop_failed", "stopping an agent failed (after a full disk)", "node error"),
-        _spec("instance.type_avoided", "capacity or limit errors: the type is avoided for a while",
+        _spec("instance.type_avoided", "capacity, limit, partial-launch or timeout errors: the type is avoided "
+              "for a while",
               "type kind until_s"),
         _spec("instance.type_broken", "instances of the type kept failing to come up (their agent or the "
               "bag's setup), none ever did: the run rents no more of it", "type instances"),
-        _spec("instance.stray_terminated", "on resume, an instance with the run's tag that no launch intent names "
-              "was terminated", "instance_id type reason terminated"),
+        _spec("instance.stray_terminated", "an instance with the run's tag that no launch intent names was "
+              "terminated (on resume or at a tick)", "instance_id type reason terminated"),
         _spec("resume.stray", "on resume, an instance of the journal lacks the run's tag on EC2: left alone",
               "instance_id reason"),
         _spec("resume.reconcile_failed", "on resume, EC2 could not be asked about the run's instances", "error"),
@@ -184,6 +191,7 @@ CONSOLE_EVENTS = frozenset((
     "plan.solved", "decision.notes", "budget.stop", "metrics.serving",
     "instance.launch", "instance.launch_failed", "instance.ready", "instance.terminated",
     "instance.terminate_failed", "instance.type_avoided", "instance.type_broken", "instance.stray_terminated",
+    "run.instances_unconfirmed",
     "node.ready", "node.lost", "node.down", "node.setup_failed", "node.quarantined", "agent.lost", "agent.reattach_failed",
     "task.failed", "task.quarantined", "task.outputs_failed",
     "sample.start", "sample.exhausted", "sample.failure", "sample.timeout", "sample.adopted",

@@ -4,6 +4,7 @@
 - :mod:`.attempts`: attempts and the agents' messages;
 - :mod:`.nodes_mixin`: launches, boots, releases, the fleet against EC2;
 - :mod:`.actuator`: EC2 calls with their intents, and the timers;
+- :mod:`.sweep`: terminations confirmed by EC2, unknown instances under the run's tag adopted;
 - :mod:`.resume`: a run rebuilt from its journal;
 - :mod:`.report`: what the run delivered;
 - :mod:`.nodes`: every node's agent behind one :class:`~.types.Nodes`;

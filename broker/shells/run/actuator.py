@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from broker.core.model import MachineType
-from broker.shells.aws.records import AwsFailure
+from broker.shells.aws.records import AwsFailure, InstanceRecord
 from broker.shells.clock import RunClock
 from broker.shells.journal import Journal
 
@@ -35,6 +35,12 @@ class Ec2Actuator:
     def __init__(self, fleet: Fleet, journal: Journal, clock: RunClock, run_id: str) -> None:
         self.fleet, self.journal, self.clock, self.run_id = fleet, journal, clock, run_id
         self.launch_seq = 0  # continued on resume (resume.py)
+        # Terminations asked for that EC2 has not confirmed (instance -> cause): retried every
+        # tick and in the final sweep; the journal keeps them ``terminating`` meanwhile.
+        self.unconfirmed: dict[str, str] = {}
+        # Launches that failed: EC2 may have carried them out anyway (a lost response whose
+        # retries ran out), so every tick's describe looks for instances under their tokens.
+        self.suspect_launches = 0
 
     def launch(self, t: MachineType, count: int, cause: str) -> Launched:
         """Intent, RunInstances, one journal row per instance (its own token), outcome."""
@@ -54,32 +60,50 @@ class Ec2Actuator:
         if outcome.failure is None:
             self.journal.complete(intent, {"instances": list(outcome.instance_ids)})
         else:
+            self.suspect_launches += 1
             self.journal.fail(intent, outcome.failure.render())
         return Launched(tuple(launched), outcome.failure)
 
     def terminate(self, instance_id: str, cause: str) -> str | None:
-        """Intent, TerminateInstances (only ever this run's tagged instances), outcome; the
-        journal row is closed. Returns the error when EC2 refused or failed, else None."""
-        intent = self.journal.intend("terminate", {"instance_id": instance_id}, cause)
-        outcome = self.fleet.terminate([instance_id])
-        error = None
-        if instance_id in outcome.terminated or instance_id in outcome.already_terminated:
-            self.journal.complete(intent, {"terminated": [instance_id]})
-        else:
-            error = outcome.failure.render() if outcome.failure else "refused: the instance does not carry this run's tag"
-            self.journal.fail(intent, error)
-        self.journal.record_instance_state(instance_id, "terminated")
-        return error
+        """Terminate one instance; see :meth:`terminate_all`. Returns the error, else None."""
+        return self.terminate_all({instance_id: cause}).get(instance_id)
 
-    def gone(self, alive: list[tuple[str, float]], now: float, grace_s: float) -> list[tuple[str, str]]:
-        """One DescribeInstances by the run's tag: which of ``alive`` (id, launch time) EC2
-        says are gone, with why. An instance EC2 does not list yet gets ``grace_s`` (describe
-        is eventually consistent after a launch). A failed describe finds nothing."""
-        if not alive:
-            return []
+    def terminate_all(self, causes: dict[str, str]) -> dict[str, str]:
+        """An intent per instance, one TerminateInstances (only ever this run's tagged
+        instances), outcomes. An instance is recorded terminated only when EC2 says so (its
+        answer, or a describe showing it shutting down or terminated); otherwise it stays
+        ``terminating`` in the journal and in :attr:`unconfirmed`, to be asked again.
+        Returns the error of each instance EC2 did not confirm."""
+        intents = {i: self.journal.intend("terminate", {"instance_id": i}, cause) for i, cause in causes.items()}
+        outcome = self.fleet.terminate(list(causes))
+        confirmed = set(outcome.terminated) | set(outcome.already_terminated)
+        errors = {}
+        for instance_id, intent in intents.items():
+            if instance_id in confirmed:
+                self.journal.complete(intent, {"terminated": [instance_id]})
+                self.journal.record_instance_state(instance_id, "terminated")
+                self.unconfirmed.pop(instance_id, None)
+                continue
+            error = (outcome.failure.render() if outcome.failure and instance_id in outcome.failed
+                     else "refused: EC2 does not list the instance under this run's tag (yet)")
+            self.journal.fail(intent, error)
+            self.journal.record_instance_state(instance_id, "terminating")
+            self.unconfirmed[instance_id] = causes[instance_id]
+            errors[instance_id] = error
+        return errors
+
+    def survey(self, alive: list[tuple[str, float]], known: set[str], now: float, grace_s: float,
+               force: bool = False) -> tuple[list[tuple[str, str]], list[InstanceRecord]]:
+        """One DescribeInstances by the run's tag (when there is something to look at, or
+        ``force``): which of ``alive`` (id, launch time) EC2 says are gone, with why, and the
+        live instances under the run's tag that are not in ``known`` (a launch EC2 carried out
+        though its answer never came). An instance EC2 does not list yet gets ``grace_s``
+        (describe is eventually consistent after a launch). A failed describe finds nothing."""
+        if not (alive or self.suspect_launches or force):
+            return [], []
         described = self.fleet.describe()
         if described.failure is not None:
-            return []
+            return [], []
         by_id = {r.id: r for r in described.instances}
         out = []
         for instance_id, launched_at in alive:
@@ -90,7 +114,8 @@ class Ec2Actuator:
                 continue
             state = "not listed by EC2" if record is None else record.state.value
             out.append((instance_id, f"instance {state}: terminated outside the broker"))
-        return out
+        unknown = [r for r in described.instances if r.id not in known and not r.state.gone]
+        return out, unknown
 
 
 class Timers:

@@ -54,6 +54,7 @@ from .actuator import Ec2Actuator, Timers
 from .attempts import AttemptsMixin, _round
 from .nodes_mixin import NodesMixin
 from .report import RunReport, build_report
+from .sweep import SweepMixin
 from .trace import RecordingLedger, Trace, action_json
 from .types import (
     Attached,
@@ -68,7 +69,7 @@ from .types import (
 )
 
 
-class Daemon(AttemptsMixin, NodesMixin):
+class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
     """Runs one bag to the end (or to a stop); see the module docstring.
 
     ``fleet``: EC2 (:class:`~broker.shells.aws.Ec2Fleet`); ``nodes``: every node's agent
@@ -113,6 +114,7 @@ class Daemon(AttemptsMixin, NodesMixin):
         self.stopping = False
         self.leaving = False  # stopping with on_stop="leave": nothing is released
         self.timers: Timers | None = None
+        self.unterminated: tuple[str, ...] = ()  # EC2 never confirmed their termination (sweep.py)
 
     # -- public ------------------------------------------------------------------------------
     def request_stop(self, reason: str = "user_stop") -> None:
@@ -370,7 +372,8 @@ class Daemon(AttemptsMixin, NodesMixin):
     def _report(self, state: str) -> RunReport:
         return build_report(self.ledger, run_id=self.opt.run_id, state=state, now_s=self.clock.now_s(),
                             first_plan=self.first_plan, budget_stopped=self.budget_stopped,
-                            time_scale=self.clock.time_scale, stop_reason=self.stop_reason)
+                            time_scale=self.clock.time_scale, stop_reason=self.stop_reason,
+                            unterminated=self.unterminated)
 
     # -- the end -----------------------------------------------------------------------------
     def _wind_down(self) -> str:
@@ -388,6 +391,7 @@ class Daemon(AttemptsMixin, NodesMixin):
                                paid_until_s=round(node.type.billing.paid_until(node.launched_at_s, now), 3),
                                cause=cause)
                 self._release(node.id, cause)
+        self.unterminated = self._final_sweep()
         for name in list(self.clients):
             node = self.ledger.nodes[name]
             if node.type is None:

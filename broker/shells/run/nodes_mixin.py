@@ -54,7 +54,6 @@ class NodesMixin:
 
     def _release(self, instance_id: str, cause: str) -> None:
         """Terminate an instance now: its attempts are cancelled and re-queued first."""
-        node = self.ledger.nodes[instance_id]
         client = self.clients.get(instance_id)
         followups = self.ledger.on_released(instance_id, self.clock.now_s(), cause)
         self._cancel_on_agents(followups)
@@ -62,14 +61,7 @@ class NodesMixin:
         self.clients[instance_id] = None
         self.timers.cancel(f"boot-{instance_id}")
         self.timers.cancel(f"release-{instance_id}")
-        error = self.ec2.terminate(instance_id, cause)
-        if error is not None:
-            self._emit("instance.terminate_failed", instance_id=instance_id, error=error)
-        now = node.terminated_at_s
-        self._emit("instance.terminated", instance_id=instance_id, type=node.type.name, cause=cause,
-                   launched_at_s=round(node.launched_at_s, 3), at_s=round(now, 3),
-                   paid_until_s=round(node.type.billing.paid_until(node.launched_at_s, now), 3),
-                   cost_usd=round(node.cost_usd(now), 6), committed_usd=round(self._committed_usd(), 6))
+        self._terminate(instance_id, cause)  # sweep.py: done only when EC2 confirms
 
     def _cancel_on_agents(self, followups: list[Followup]) -> None:
         """The attempts of a released node: cancelled (no failure) and journaled in one batch."""
@@ -132,10 +124,5 @@ class NodesMixin:
 
     # -- the fleet against EC2, every tick ---------------------------------------------------
     def _reconcile_fleet(self) -> bool:
-        """An instance terminated from outside (or gone for any reason) is lost, its tasks
-        re-queued now. True when something changed."""
-        alive = [(n.id, n.launched_at_s) for n in self.ledger.live_nodes() if n.type is not None and n.alive]
-        changed = False
-        for instance_id, reason in self.ec2.gone(alive, self.clock.now_s(), self.config.tick_s):
-            changed |= self._on_node_lost(instance_id, reason, reattach=False, gone=True)
-        return changed
+        """The fleet against EC2 (sweep.py): lost, unknown and unconfirmed instances."""
+        return self._survey_fleet()

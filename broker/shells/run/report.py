@@ -31,6 +31,7 @@ class RunReport:
     budget_stopped: bool
     time_scale: float
     stop_reason: str | None = None
+    unterminated: tuple[str, ...] = ()  # instances EC2 never confirmed terminated: they may still bill
 
     def deviation_pct(self, delivered: float, planned: float | None) -> float | None:
         if planned is None or planned <= 0 or self.tasks_done + self.tasks_failed < self.tasks_total:
@@ -58,11 +59,13 @@ class RunReport:
             "budget_stopped": self.budget_stopped,
             "time_scale": self.time_scale,
             "stop_reason": self.stop_reason,
+            "instances_not_terminated": list(self.unterminated),
         }
 
 
 def build_report(ledger: Ledger, *, run_id: str, state: str, now_s: float, first_plan: tuple | None,
-                 budget_stopped: bool, time_scale: float, stop_reason: str | None) -> RunReport:
+                 budget_stopped: bool, time_scale: float, stop_reason: str | None,
+                 unterminated: tuple[str, ...] = ()) -> RunReport:
     by_type: dict[str, float] = {}
     for node in ledger.nodes.values():
         if node.type is not None:
@@ -76,4 +79,5 @@ def build_report(ledger: Ledger, *, run_id: str, state: str, now_s: float, first
         instances_launched=ledger.instances_launched, makespan_s=ledger.last_done_s, cost_usd=cloud + private,
         cloud_cost_usd=cloud, private_cost_usd=private, planned_makespan_s=planned[0], planned_cost_usd=planned[1],
         cost_by_type_usd=by_type, budget_stopped=budget_stopped, time_scale=time_scale, stop_reason=stop_reason,
+        unterminated=unterminated,
     )

@@ -118,6 +118,7 @@ def resume(d: "Daemon") -> Resumed:
     now = d.clock.now_s()
     adopted, terminated = _reconcile(d, now)
     redo_terminate = _close_intents(d)
+    redo_terminate |= {r.id for r in j.instances() if r.state == "terminating"}  # EC2 never confirmed
     rows = j.rows()
     speeds = {p.name: p.speed for p in d.inv.private}
     speeds.update({r.id: d.types[r.type_name].speed for r in rows.instances if r.type_name in d.types})

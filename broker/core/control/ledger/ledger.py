@@ -48,8 +48,9 @@ from .snapshots import SnapshotMixin
 BROKEN_AFTER = 3
 
 # Launch failures that make a type avoided for ``FailurePolicy.type_cooldown_s``: asking
-# again at once would only fail again (EC2's capacity comes back by itself).
-AVOID_KINDS = ("capacity", "limit", "partial")
+# again at once would only fail again (EC2's capacity comes back by itself). A launch still
+# timing out after its retries counts too: asking again at every tick would stall the loop.
+AVOID_KINDS = ("capacity", "limit", "partial", "timeout")
 
 
 def planned_life_s(t: MachineType, release_after_s: float) -> float:
@@ -403,7 +404,7 @@ class Ledger(SnapshotMixin):
 
     def on_launch_failed(self, type_name: str, now: float, kind: str) -> float | None:
         """A launch was refused or cut short (``kind``: capacity, limit, partial, throttled,
-        ...). For lack of capacity or a limit (:data:`AVOID_KINDS`) the type is shown without
+        ...). For lack of capacity, a limit or a timeout (:data:`AVOID_KINDS`) the type is shown without
         room for new instances until the returned time, so the next plan goes around it."""
         if kind not in AVOID_KINDS:
             return None
