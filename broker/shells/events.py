@@ -78,8 +78,9 @@ CATALOGUE: dict[str, EventSpec] = {
         _spec("task.start", "an attempt was started", "task attempt node slot cause"),
         _spec("task.done", "an attempt succeeded (the task's result)",
               "task attempt node runtime_s exit_code runtime_ref_s"),
-        _spec("task.failed", "an attempt failed; `final` when no retry is left",
-              "task attempt node error stderr_tail final retries_left"),
+        _spec("task.failed", "an attempt failed; `lost`: with its node or agent (no failure of the task, "
+              "not held against its retries); `final` when the task is given up",
+              "task attempt node error stderr_tail final retries_left lost"),
         _spec("sample.start", "sampling began", tool="rule eps delta tasks r_max_s nodes slots run_dir seed"),
         _spec("sample.progress", "sampling progress (when stderr is not a terminal)",
               tool="completed running mean_ref_s expected_samples failures"),

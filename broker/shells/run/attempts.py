@@ -127,8 +127,8 @@ class AttemptsMixin:
 
     def _agent_stopping(self, node: str, r: Result) -> bool:
         """A stopping agent cancels what it runs and takes nothing new: the node is down until
-        its agent is re-attached (its connection ends soon); its attempts are lost, each a
-        failure that says nothing about its task, and re-run elsewhere."""
+        its agent is re-attached (its connection ends soon); its attempts are lost (no
+        failure of their tasks) and re-run elsewhere."""
         record = self.ledger.nodes[node]
         if not any(a.task_id == r.task and a.attempt == r.attempt for a in record.running.values()):
             return False  # an attempt already written off
@@ -174,7 +174,7 @@ class AttemptsMixin:
         a, v = e.attempt, e.verdict
         self._emit("task.failed", task=a.task_id, attempt=a.attempt, node=a.node, error=why,
                    stderr_tail=stderr_tail[-500:], final=bool(v and v.quarantined),
-                   retries_left=v.retries_left if v else 0)
+                   retries_left=v.retries_left if v else 0, lost=bool(v and v.lost))
         self._carry_out(e.followups, why=why, stderr_tail=stderr_tail[-500:])
 
     def _carry_out(self, followups: tuple[Followup, ...] | list[Followup], *, why: str = "",
