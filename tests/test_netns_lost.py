@@ -1,15 +1,18 @@
-"""A host lost for good during a live run is no fault of its tasks (issue 18, item 3).
+"""A host lost for good during a live run is no fault of its tasks (issue 18, items 3 and 5).
 
 Three SSH hosts in network namespaces (``tests/netns_hosts.py``), a bag with ``retries: 0``;
 once one host runs tasks, its sshd is killed for good (its agent and tasks run on, out of
 the broker's reach). Its attempts end as *lost*, not failed: their tasks are re-queued
 without counting against ``retries``, the run finishes on the two other hosts, every task
 done once, and it exits 0. Before the fix each lost attempt counted a failure: with
-``retries: 0`` its tasks were quarantined and the run exited 1.
+``retries: 0`` its tasks were quarantined and the run exited 1. The report (human, as
+``broker run`` prints it, and ``broker report --json``) names the host lost and says the run
+finished on 2 of its 3 private nodes; before, nothing said a node was lost.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -64,3 +67,12 @@ def test_a_host_whose_sshd_dies_loses_its_attempts_without_failing_their_tasks(n
     assert all(done_on[t] != victim.name for (t,) in lost)  # re-run on the other hosts
     oks = _journal(run_dir, "SELECT task_id, count(*) FROM attempts WHERE outcome = 'ok' GROUP BY task_id")
     assert all(n == 1 for _, n in oks), oks  # each task recorded done exactly once
+    # Say what happened: the host lost, by name, and a run finished on fewer nodes than given.
+    assert f"node lost: {victim.name} at " in stdout, stdout
+    assert f"finished on 2 of the 3 private nodes it was given ({victim.name} lost)" in stdout, stdout
+    report = subprocess.run([sys.executable, "-m", "broker", "report", "--json", str(run_dir)], env=_env(home),
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    nodes = json.loads(report.stdout)["nodes"]
+    assert [n["node"] for n in nodes["lost"]] == [victim.name] and nodes["lost"][0]["private"], nodes
+    assert nodes["private"] == [h.name for h in hosts] and nodes["rejoined"] == []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from broker.core.control.ledger import Ledger
@@ -31,6 +31,8 @@ class RunReport:
     budget_stopped: bool
     time_scale: float
     stop_reason: str | None = None
+    nodes_lost: list[str] = field(default_factory=list)  # lost, bad or failed setup, and not back at the end
+    private_nodes: list[str] = field(default_factory=list)  # the private nodes the run was given
 
     def deviation_pct(self, delivered: float, planned: float | None) -> float | None:
         if planned is None or planned <= 0 or self.tasks_done + self.tasks_failed < self.tasks_total:
@@ -58,6 +60,8 @@ class RunReport:
             "budget_stopped": self.budget_stopped,
             "time_scale": self.time_scale,
             "stop_reason": self.stop_reason,
+            "nodes": {"private": list(self.private_nodes), "lost": list(self.nodes_lost),
+                      "private_left": len([n for n in self.private_nodes if n not in self.nodes_lost])},
         }
 
 
@@ -76,4 +80,6 @@ def build_report(ledger: Ledger, *, run_id: str, state: str, now_s: float, first
         instances_launched=ledger.instances_launched, makespan_s=ledger.last_done_s, cost_usd=cloud + private,
         cloud_cost_usd=cloud, private_cost_usd=private, planned_makespan_s=planned[0], planned_cost_usd=planned[1],
         cost_by_type_usd=by_type, budget_stopped=budget_stopped, time_scale=time_scale, stop_reason=stop_reason,
+        nodes_lost=[n.id for n in ledger.nodes.values() if n.lost],
+        private_nodes=[n.id for n in ledger.nodes.values() if n.is_private],
     )
