@@ -2,7 +2,7 @@
 
 Three SSH hosts in network namespaces (``tests/netns_hosts.py``), a bag with ``retries: 0``;
 once one host runs tasks, its sshd is killed for good (its agent and tasks run on, out of
-the broker's reach). Its attempts end as *lost*, not failed: their tasks are re-queued
+the broker's reach); it is tried again for its grace (15 s here), then given up. Its attempts end as *lost*, not failed: their tasks are re-queued
 without counting against ``retries``, the run finishes on the two other hosts, every task
 done once, and it exits 0. Before the fix each lost attempt counted a failure: with
 ``retries: 0`` its tasks were quarantined and the run exited 1. The report (human, as
@@ -40,7 +40,7 @@ def test_a_host_whose_sshd_dies_loses_its_attempts_without_failing_their_tasks(n
     hosts = netns_hosts_factory(3)
     inventory, bag = _write_inputs(tmp_path, hosts, 2, f'command: "{MARK}; echo {{i}}"\n'
                                    f"sweep: {{i: [{', '.join(str(i) for i in range(12))}]}}\n"
-                                   "timeout: 10m\nretries: 0\n")
+                                   "timeout: 10m\nretries: 0\n", grace="15s")
     home, run_dir = tmp_path / "home", tmp_path / "run"
     home.mkdir()
     broker = subprocess.Popen([sys.executable, "-m", "broker", "run", "--yes", "--inventory", str(inventory),

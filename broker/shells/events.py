@@ -69,6 +69,9 @@ CATALOGUE: dict[str, EventSpec] = {
         _spec("node.lost", "a node stopped answering, or its agent could not start", "node reason"),
         _spec("node.down", "a node's agent is stopping: its attempts are re-run elsewhere, the node takes "
               "no work until its agent is back", "node reason attempts"),
+        _spec("node.away", "a private node stopped answering: its tasks are held and its link reconnected in "
+              "the background for its grace; then its agent re-attaches, or the node is lost",
+              "node reason running grace_s"),
         _spec("node.setup_failed", "the bag's setup command failed on a node", "node reason stderr_tail"),
         _spec("agent.attached", "an agent completed its handshake", "node slots running pending_results"),
         _spec("agent.lost", "an agent's connection ended", "node reason"),
@@ -183,7 +186,7 @@ CONSOLE_EVENTS = frozenset((
     "plan.solved", "decision.notes", "budget.stop", "metrics.serving",
     "instance.launch", "instance.launch_failed", "instance.ready", "instance.terminated",
     "instance.terminate_failed", "instance.type_avoided", "instance.stray_terminated",
-    "node.ready", "node.lost", "node.down", "node.setup_failed", "node.quarantined", "agent.lost", "agent.reattach_failed",
+    "node.ready", "node.lost", "node.away", "node.down", "node.setup_failed", "node.quarantined", "agent.lost", "agent.reattach_failed",
     "task.failed", "task.quarantined", "task.outputs_failed",
     "sample.start", "sample.exhausted", "sample.failure", "sample.timeout", "sample.adopted",
 ))

@@ -462,6 +462,17 @@ class Ledger(SnapshotMixin):
             followups.append(self._release_now(node, now, cause))
         return ended, followups
 
+    def on_node_away(self, node_id: str, now: float) -> bool:
+        """The node stopped answering and is being reached again: it takes no new work, its
+        attempts are held (its agent runs them on) until :meth:`on_node_back`, or
+        :meth:`on_node_lost` once it is given up."""
+        node = self.nodes.get(node_id)
+        if node is None or not node.alive:
+            return False
+        node.down = True
+        self._touch(node)
+        return True
+
     def on_node_back(self, node_id: str, now: float) -> bool:
         node = self.nodes.get(node_id)
         if node is None or not node.down:
