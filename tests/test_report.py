@@ -99,3 +99,22 @@ def test_the_report_names_the_nodes_lost_and_a_run_finished_on_fewer_private_nod
     assert "node lost: h2 at 12s (the agent closed the connection)" in text
     assert "finished on 2 of the 3 private nodes it was given (h2 lost)" in text
     assert "rejoined after being lost: h1" in text and "node lost: h1" not in text
+
+
+def test_the_json_run_report_names_the_nodes_lost_from_the_ledger():
+    """``broker run --json-report`` (the ledger's :class:`RunReport`): the nodes lost, the
+    private nodes given and how many were left."""
+    from broker.core.control.ledger import Ledger
+    from broker.core.model import PrivateNode
+    from broker.shells.run.report import build_report
+
+    led = Ledger({})
+    led.add_tasks([("a", None)])
+    for name in ("h0", "h1"):
+        led.add_private(PrivateNode(name, 1, 1.0))
+        led.on_node_ready(name, 0.0)
+    led.start("a", "h1", 0, 1.0)
+    led.on_node_lost("h1", 2.0)
+    doc = build_report(led, run_id="r", state="finished", now_s=3.0, first_plan=None, budget_stopped=False,
+                       time_scale=1.0, stop_reason=None).to_json()
+    assert doc["nodes"] == {"private": ["h0", "h1"], "lost": ["h1"], "private_left": 1}
