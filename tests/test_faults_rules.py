@@ -31,10 +31,22 @@ def test_the_same_error_on_two_nodes_quarantines_before_retries_run_out():
     assert v.quarantined and v.reason == "exit code 2 on 2 nodes (a, b)"
 
 
-def test_lost_nodes_count_against_retries_but_never_make_a_task_poison():
-    book = FailureBook(FailurePolicy(retries=3, distinct_nodes=2))
-    assert [book.failed("t", n, None).quarantined for n in "abc"] == [False, False, False]
-    assert book.failed("t", "d", None).quarantined
+def test_lost_attempts_count_against_no_retries_and_have_a_bound_of_their_own():
+    book = FailureBook(FailurePolicy(retries=0, distinct_nodes=2, lost_attempts=3))
+    verdicts = [book.lost("t", n) for n in "abc"]
+    assert [v.quarantined for v in verdicts] == [False, False, False]
+    assert all(v.lost and v.failures == 0 and v.retries_left == 1 for v in verdicts)
+    assert book.failures.get("t") is None and book.losses["t"] == 3
+    v = book.lost("t", "d")  # the fourth: a task that may be what brings its nodes down
+    assert v.quarantined and v.reason.startswith("lost with its node or agent 4 times (lost_attempts: 3)")
+    assert book.failed("u", "a", "exit code 1").quarantined  # retries: 0 still holds for errors
+
+
+def test_lost_attempts_neither_make_a_task_poison_nor_a_node_bad():
+    book = FailureBook(FailurePolicy(retries=9, distinct_nodes=2, node_strikes=2))
+    book.succeeded("b")
+    assert not any(book.lost(t, "a").bad_node for t in ("t1", "t2", "t3"))
+    assert book.bad_nodes == set() and book.quarantined == {}
 
 
 def test_a_node_failing_task_after_task_while_others_finish_is_a_bad_node():

@@ -127,12 +127,14 @@ def test_a_bad_instance_is_quarantined_and_released_now_a_bad_private_node_only_
     assert led2.nodes["p"].lost and led2.start("b", "p", 0, 4.0) is None
 
 
-def test_a_lost_node_fails_its_attempts_without_a_signature_and_is_released():
+def test_a_lost_node_loses_its_attempts_without_a_failure_and_is_released():
     led = ledger(tasks=("a", "b"), policy=FailurePolicy(retries=0))
     instance(led)
     led.start("a", "i-1", 0, 100.0)
     ended, followups = led.on_node_lost("i-1", 110.0)
-    assert [e.outcome for e in ended] == ["lost"] and ended[0].verdict.quarantined  # retries 0
+    assert [e.outcome for e in ended] == ["lost"] and not ended[0].verdict.quarantined  # even retries 0
+    assert ended[0].verdict.lost and led.book.failures.get("a") is None and "a" in led.pool
+    assert ended[0].followups == (Requeue("a", True, "retry"),)
     assert followups == [ScheduleRelease("i-1", 110.0, "node_lost")]
     assert led.on_node_lost("i-1", 111.0) == ([], [])  # once
     led2 = ledger(tasks=("a",))
@@ -156,7 +158,19 @@ def test_an_attempt_a_dead_daemon_started_and_the_agent_never_got_is_requeued_wi
     assert e.outcome == "cancelled" and e.verdict is None and led.book.failures.get("a") is None
     assert e.followups == (Requeue("a", False, "never_reached_agent"),)
     led.start("b", "p", 0, 2.0)
-    assert led.on_attempt_lost("p", "b", 1, 3.0).outcome == "lost" and led.book.failures["b"] == 1
+    e = led.on_attempt_lost("p", "b", 1, 3.0)
+    assert e.outcome == "lost" and led.book.failures.get("b") is None and led.book.losses["b"] == 1
+
+
+def test_a_task_lost_with_its_node_again_and_again_is_given_up_at_its_own_bound():
+    led = ledger(tasks=("a",), policy=FailurePolicy(retries=0, lost_attempts=2))
+    outcomes = []
+    for k in range(3):
+        led.start("a", "p", 0, 10.0 * k)
+        ended, _ = led.on_node_lost("p", 10.0 * k + 5, comes_back=True)
+        outcomes.append(ended[0].verdict.quarantined)
+        led.on_node_back("p", 10.0 * k + 6)
+    assert outcomes == [False, False, True] and "lost_attempts: 2" in led.quarantined["a"]
 
 
 # -- releases ---------------------------------------------------------------------------------

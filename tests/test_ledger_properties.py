@@ -78,19 +78,21 @@ def test_every_task_is_in_exactly_one_place_and_given_up_only_by_the_rules(scrip
             else:
                 e = (led.on_attempt_failed(a.node, a.task_id, a.attempt, now, event[2]) if kind == "fail"
                      else led.on_attempt_lost(a.node, a.task_id, a.attempt, now))
-                if e.verdict is not None:
+                if e.verdict is not None and not e.verdict.lost:
                     failures[a.task_id] = failures.get(a.task_id, 0) + 1
-                    assert e.verdict.failures == failures[a.task_id]
+                if e.verdict is not None:
+                    assert e.verdict.failures == failures.get(a.task_id, 0)
                     given_up = [f for f in e.followups if isinstance(f, Quarantine)]
-                    if failures[a.task_id] > retries:
+                    if failures.get(a.task_id, 0) > retries:
                         assert given_up, "past its retries a task is given up"
                     if given_up:
-                        assert failures[a.task_id] > retries or "nodes" in given_up[0].reason
+                        assert (failures.get(a.task_id, 0) > retries or "nodes" in given_up[0].reason
+                                or "lost_attempts" in given_up[0].reason)
         elif kind == "node_lost":
             ended, _ = led.on_node_lost(event[1], now, comes_back=event[2] and event[1] != "i-1")
-            for e in ended:
-                if e.verdict is not None:
-                    failures[e.attempt.task_id] = failures.get(e.attempt.task_id, 0) + 1
+            for e in ended:  # lost with the node: no failure of the task
+                assert e.verdict is None or (e.verdict.lost and e.verdict.failures == failures.get(
+                    e.attempt.task_id, 0))
         elif kind == "back":
             led.on_node_back(event[1], now)
         elif kind == "release":

@@ -62,8 +62,8 @@ def test_failed_timed_out_and_lost_attempt_rows_rebuild_the_failure_book():
                       attempt("a", 2, "i-1", "timed_out", code=None, timed_out=True, end=2.0),
                       attempt("a", 3, "p", "lost", code=None, error="node p lost", end=3.0),
                       attempt("b", 1, "p", "failed", code=7, end=4.0)], policy=policy)
-    assert led.book.failures == {"a": 3, "b": 1}
-    # the next failure of "a" is its fourth: past retries 2, it is given up
+    assert led.book.failures == {"a": 2, "b": 1} and led.book.losses == {"a": 1}  # a lost one is no failure
+    # the next failure of "a" is its third: past retries 2, it is given up
     led.add_private(PrivateNode("p", 1, 1.0))
     led.on_node_ready("p", 10.0)
     led.start("a", "p", 0, 10.0)

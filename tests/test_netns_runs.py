@@ -31,9 +31,10 @@ def _env(home: Path) -> dict[str, str]:
     return env
 
 
-def _write_inputs(tmp_path: Path, hosts: list[NetnsHost], slots: int, bag: str) -> tuple[Path, Path]:
+def _write_inputs(tmp_path: Path, hosts: list[NetnsHost], slots: int, bag: str, **entry: object) -> tuple[Path, Path]:
+    """The inventory (``entry``: more fields for every host) and the bag."""
     inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(yaml.safe_dump({"private": [h.inventory_entry(slots) for h in hosts]}))
+    inventory.write_text(yaml.safe_dump({"private": [h.inventory_entry(slots, **entry) for h in hosts]}))
     bag_file = tmp_path / "bag.yaml"
     bag_file.write_text(bag)
     return inventory, bag_file

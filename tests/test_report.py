@@ -70,3 +70,51 @@ def test_report_of_a_directory_without_a_journal_is_a_clear_error(tmp_path, caps
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert f"no journal at {tmp_path / 'journal.sqlite'}" in err
+
+
+def test_the_report_names_the_nodes_lost_and_a_run_finished_on_fewer_private_nodes(tmp_path, capsys):
+    """Issue 18, item 5: a node lost (and not back) is named with when and why; one that was
+    lost then rejoined is not lost; a finished run says it ended on fewer private nodes than
+    it was given."""
+    from broker.core.model import Task
+    from broker.shells.journal import AttemptResult, Journal
+
+    run_dir = tmp_path / "run"
+    with Journal.open(run_dir) as journal:
+        journal.create_run("r1", goal_kind="theta", goal_value=1.0, retries=0, at_s=0.0)
+        journal.add_tasks([Task("t0", "echo 0")])
+        for name in ("h0", "h1", "h2"):
+            journal.record_private_node(name, slots=1, speed=1.0, cost_per_hour=0.0, at_s=0.0)
+        journal.record_event("node.lost", {"node": "h1", "reason": "its link dropped"}, at_s=5.0)
+        journal.record_event("agent.reattached", {"node": "h1", "reason": "link back"}, at_s=9.0)
+        journal.record_event("node.lost", {"node": "h2", "reason": "the agent closed the connection"}, at_s=12.0)
+        journal.task_started("t0", 1, "h0", at_s=1.0)
+        journal.task_finished("t0", 1, AttemptResult(exit_code=0, runtime_s=20.0), node="h0", at_s=21.0)
+        journal.finish_run("finished", at_s=21.0)
+    report = report_json(run_dir, capsys)
+    assert report["nodes"] == {"private": ["h0", "h1", "h2"], "rejoined": ["h1"], "lost": [
+        {"node": "h2", "at_s": 12.0, "reason": "the agent closed the connection", "private": True}]}
+    assert main(["report", str(run_dir)]) == 0
+    text = capsys.readouterr().out
+    assert "node lost: h2 at 12s (the agent closed the connection)" in text
+    assert "finished on 2 of the 3 private nodes it was given (h2 lost)" in text
+    assert "rejoined after being lost: h1" in text and "node lost: h1" not in text
+
+
+def test_the_json_run_report_names_the_nodes_lost_from_the_ledger():
+    """``broker run --json-report`` (the ledger's :class:`RunReport`): the nodes lost, the
+    private nodes given and how many were left."""
+    from broker.core.control.ledger import Ledger
+    from broker.core.model import PrivateNode
+    from broker.shells.run.report import build_report
+
+    led = Ledger({})
+    led.add_tasks([("a", None)])
+    for name in ("h0", "h1"):
+        led.add_private(PrivateNode(name, 1, 1.0))
+        led.on_node_ready(name, 0.0)
+    led.start("a", "h1", 0, 1.0)
+    led.on_node_lost("h1", 2.0)
+    doc = build_report(led, run_id="r", state="finished", now_s=3.0, first_plan=None, budget_stopped=False,
+                       time_scale=1.0, stop_reason=None).to_json()
+    assert doc["nodes"] == {"private": ["h0", "h1"], "lost": ["h1"], "private_left": 1}

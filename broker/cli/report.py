@@ -129,6 +129,7 @@ def build(journal: Journal, run_dir: Path, now_s: float | None = None) -> dict[s
         "private_cost_usd": round(max(private_usd, 0.0), 6),
         "utilization_by_type": utilization(run_dir, journal, end),
         "failed_tasks": failed,
+        "nodes": nodes_lost(journal, run_dir, start),
         "time_scale": float(record.options.get("time_scale", 1.0)),
         "budget_stopped": bool(budget_stops),
         "first_plan": first,
@@ -161,6 +162,55 @@ def _last_done_s(run_dir: Path, start_s: float) -> float | None:
     finally:
         db.close()
     return None if last is None else round(last - start_s, 3)
+
+
+# What takes a node out of a run (its reason field says why), and what brings it back.
+_NODE_GONE = ("node.lost", "node.quarantined", "node.setup_failed")
+_NODE_BACK = ("node.ready", "agent.reattached", "instance.ready")
+
+
+def nodes_lost(journal: Journal, run_dir: Path, start_s: float) -> dict[str, Any]:
+    """The nodes a run lost (its agent could not start or be reached again, an instance gone,
+    a bad node, a failed setup) and had not back at the end, with when and why; those lost
+    that came back (``rejoined``); and the private nodes it was given."""
+    events = sorted(((at, name, f) for name in _NODE_GONE + _NODE_BACK for at, _, f in journal.events(name)),
+                    key=lambda e: e[0])
+    lost: dict[str, dict[str, Any]] = {}
+    rejoined: set[str] = set()
+    for at, name, f in events:
+        node = f.get("node") or f.get("instance_id")
+        if node is None:
+            continue
+        if name in _NODE_GONE:
+            lost[node] = {"node": node, "at_s": round(at - start_s, 3), "reason": str(f.get("reason", name))}
+        elif node in lost:
+            rejoined.add(node)
+            del lost[node]
+    db = _db(run_dir)
+    try:
+        private = [name for (name,) in db.execute("SELECT name FROM private_nodes ORDER BY rowid")]
+    finally:
+        db.close()
+    for row in lost.values():
+        row["private"] = row["node"] in private
+    return {"private": private, "lost": sorted(lost.values(), key=lambda r: r["at_s"]),
+            "rejoined": sorted(rejoined)}
+
+
+def _nodes_lines(report: dict[str, Any]) -> list[str]:
+    """The nodes lost (human report); a finished run that ended on fewer private nodes than it
+    was given says so (the run still succeeded: exit 0)."""
+    nodes = report.get("nodes") or {}
+    lines = [f"  node lost: {n['node']} at {format_duration(max(0.0, n['at_s']))} ({n['reason']})"
+             for n in nodes.get("lost", [])]
+    given = nodes.get("private", [])
+    gone = [n["node"] for n in nodes.get("lost", []) if n.get("private")]
+    if gone and report["state"] == "finished":
+        lines.append(f"  finished on {len(given) - len(gone)} of the {len(given)} private nodes it was given "
+                     f"({', '.join(gone)} lost)")
+    if nodes.get("rejoined"):
+        lines.append(f"  rejoined after being lost: {', '.join(nodes['rejoined'])}")
+    return lines
 
 
 def _noted_failures(run_dir: Path) -> list[dict[str, Any]]:
@@ -248,6 +298,7 @@ def render(report: dict[str, Any]) -> str:
         stderr = [line for line in (f.get("stderr_tail") or "").splitlines() if line.strip()]
         if stderr:
             lines.append(f"    last stderr: {stderr[-1][-200:]}")
+    lines += _nodes_lines(report)
     if report["time_scale"] != 1.0:
         scale = report["time_scale"]
         lines.append(f"  (run time at scale {scale:g}: tasks look {scale:g}x longer than they ran)")

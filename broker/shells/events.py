@@ -74,6 +74,9 @@ CATALOGUE: dict[str, EventSpec] = {
         _spec("node.lost", "a node stopped answering, or its agent could not start", "node reason"),
         _spec("node.down", "a node's agent is stopping: its attempts are re-run elsewhere, the node takes "
               "no work until its agent is back", "node reason attempts"),
+        _spec("node.away", "a private node stopped answering: its tasks are held and its link reconnected in "
+              "the background for its grace; then its agent re-attaches, or the node is lost",
+              "node reason running grace_s"),
         _spec("node.setup_failed", "the bag's setup command failed on a node", "node reason stderr_tail"),
         _spec("agent.attached", "an agent completed its handshake", "node slots running pending_results"),
         _spec("agent.lost", "an agent's connection ended", "node reason"),
@@ -83,8 +86,9 @@ CATALOGUE: dict[str, EventSpec] = {
         _spec("task.start", "an attempt was started", "task attempt node slot cause"),
         _spec("task.done", "an attempt succeeded (the task's result)",
               "task attempt node runtime_s exit_code runtime_ref_s"),
-        _spec("task.failed", "an attempt failed; `final` when no retry is left",
-              "task attempt node error stderr_tail final retries_left"),
+        _spec("task.failed", "an attempt failed; `lost`: with its node or agent (no failure of the task, "
+              "not held against its retries); `final` when the task is given up",
+              "task attempt node error stderr_tail final retries_left lost"),
         _spec("sample.start", "sampling began", tool="rule eps delta tasks r_max_s nodes slots run_dir seed"),
         _spec("sample.progress", "sampling progress (when stderr is not a terminal)",
               tool="completed running mean_ref_s expected_samples failures"),
@@ -110,7 +114,7 @@ CATALOGUE: dict[str, EventSpec] = {
         _spec("run.report", "the final report as one object (debug level)",
               "run_id state tasks samples instances_launched makespan_s cost_usd cloud_cost_usd "
               "private_cost_usd planned deviation_pct cost_by_type_usd budget_stopped time_scale stop_reason "
-              "instances_not_terminated"),
+              "instances_not_terminated nodes"),
         _spec("run.disk_full", "the run directory's disk is full: the run stops", "error"),
         _spec("run.disk_full_released", "after a full disk, the run's instances were terminated without the journal",
               "instance_ids terminated failed"),
@@ -192,7 +196,8 @@ CONSOLE_EVENTS = frozenset((
     "instance.launch", "instance.launch_failed", "instance.ready", "instance.terminated",
     "instance.terminate_failed", "instance.type_avoided", "instance.type_broken", "instance.stray_terminated",
     "run.instances_unconfirmed",
-    "node.ready", "node.lost", "node.down", "node.setup_failed", "node.quarantined", "agent.lost", "agent.reattach_failed",
+    "node.ready", "node.lost", "node.away", "node.down", "node.setup_failed", "node.quarantined", "agent.lost",
+    "agent.reattach_failed",
     "task.failed", "task.quarantined", "task.outputs_failed",
     "sample.start", "sample.exhausted", "sample.failure", "sample.timeout", "sample.adopted",
 ))

@@ -4,16 +4,21 @@ One set of rules for the simulator and the live daemon, so both give up on the s
 the run ledger (``ledger/``) keeps the book and asks it; the shells only report what
 happened. Pure: times come in as arguments, nothing reads a clock.
 
-Tasks. Every attempt that ends without a result counts one failure (a non-zero exit, a
-timeout, an agent that lost it, a node that vanished under it); cancelled attempts (the
-losing replica, a planned release) do not. A task is *quarantined* (never re-queued) when
+Tasks. Every attempt that ends without a result by the task's own doing counts one
+failure (a non-zero exit, a timeout, the agent's error running it). An attempt *lost* with
+its infrastructure (its node vanished, its agent was killed or stopped, its link dropped for
+good: no signature) is no fault of the task: it counts against no ``retries``, only against
+``lost_attempts``, a separate bound so that a task that brings its node down each time it
+runs cannot loop for ever. Cancelled attempts (the losing replica, a planned release) count
+nothing. A task is *quarantined* (never re-queued) when
 
 - it failed more than ``retries`` times (the bag's ``retries``, as AWS Batch counts
   attempts), or
 - the same error (``signature``: the exit code, "timed out", the agent's error text) ended
   it on ``distinct_nodes`` different nodes: a poison task, which more retries would only
-  spread over the fleet. Lost nodes carry no signature: a task is not poison because the
-  instances under it were taken away.
+  spread over the fleet (lost attempts carry no signature: a task is not poison because
+  the instances under it were taken away), or
+- more than ``lost_attempts`` of its attempts were lost with their node or agent.
 
 Nodes. A node on which ``node_strikes`` different tasks failed in a row is a *bad node* (a
 full disk, a missing library, HTCondor's "black hole": it fails fast, so it would eat every
@@ -44,6 +49,7 @@ class FailurePolicy:
     node_strikes: int = 3  # distinct tasks failing in a row on one node make it bad (0: off)
     type_cooldown_s: float = 1800.0  # a type refused for capacity or a limit is avoided this long
     reattaches: int = 5  # a node's agent is re-attached at most this many times a run, then lost
+    lost_attempts: int = 5  # attempts lost with their node or agent: past this many, quarantined
 
     def __post_init__(self) -> None:
         if self.retries < 0:
@@ -56,6 +62,8 @@ class FailurePolicy:
             raise ValueError(f"type_cooldown_s must be >= 0, got {self.type_cooldown_s}")
         if self.reattaches < 0:
             raise ValueError(f"reattaches must be >= 0, got {self.reattaches}")
+        if self.lost_attempts < 0:
+            raise ValueError(f"lost_attempts must be >= 0, got {self.lost_attempts}")
 
 
 # What a lost agent reports for the attempts it was running: no fault of the task.
@@ -88,6 +96,7 @@ class Verdict:
     retries_left: int
     reason: str = ""  # why quarantined; empty for a retry
     bad_node: bool = False  # this failure made its node a bad node (just now)
+    lost: bool = False  # the attempt was lost with its node or agent: no failure of the task
 
     @property
     def quarantined(self) -> bool:
@@ -106,6 +115,7 @@ class FailureBook:
     def __init__(self, policy: FailurePolicy = FailurePolicy()) -> None:
         self.policy = policy
         self.failures: dict[str, int] = {}
+        self.losses: dict[str, int] = {}  # task -> attempts lost with their node or agent
         self._errors: dict[str, dict[str, set[str]]] = {}  # task -> signature -> nodes
         self._streaks: dict[str, _Streak] = {}
         self._successes = 0
@@ -141,6 +151,20 @@ class FailureBook:
             self.quarantined[task] = reason
             return Verdict(Outcome.QUARANTINE, n, 0, reason, became_bad)
         return Verdict(Outcome.RETRY, n, left, "", became_bad)
+
+    def lost(self, task: str, node: str) -> Verdict:
+        """An attempt of ``task`` was lost with ``node`` or its agent: no failure of the task
+        (its ``retries`` are untouched); quarantined only past ``lost_attempts`` such losses."""
+        n = self.losses.get(task, 0) + 1
+        self.losses[task] = n
+        p = self.policy
+        failures = self.failures.get(task, 0)
+        if n > p.lost_attempts:
+            reason = (f"lost with its node or agent {n} times (lost_attempts: {p.lost_attempts}): "
+                      f"it may be what brings its nodes down (last: {node})")
+            self.quarantined[task] = reason
+            return Verdict(Outcome.QUARANTINE, failures, 0, reason, lost=True)
+        return Verdict(Outcome.RETRY, failures, max(0, p.retries + 1 - failures), lost=True)
 
     def _own(self, tasks: set[str], node: str) -> int:
         """How many of ``tasks`` failed on ``node`` with errors seen on no other node."""

@@ -8,8 +8,8 @@ only records it). ``failed`` is what journals written before the ledger set past
 retries; it reads as given up. A task is ``sampling`` while an attempt runs and it was
 drawn as a sample. ``done_attempt`` names the one attempt whose result counts; the schema
 enforces ``state = 'done'`` exactly when it is set, so a task is done at most once whatever
-replays or replicas arrive. An attempt that ends without success (failed, timed out, lost
-with its node or agent) adds one to ``failures``; a task left with no attempt running and
+replays or replicas arrive. An attempt that ends without success by the task's own doing
+(failed, timed out) adds one to ``failures`` (one lost with its node or agent does not); a task left with no attempt running and
 not done or given up goes back to ``pending``.
 """
 

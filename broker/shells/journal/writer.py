@@ -240,8 +240,9 @@ class Journal(JournalReader):
         )
 
     def attempt_lost(self, task_id: str, attempt: int, reason: str, *, at_s: float | None = None) -> bool:
-        """A running attempt vanished with its agent or node (``lost``): one failure, and the
-        task back to pending unless another attempt runs. False when it was not running."""
+        """A running attempt vanished with its agent or node (``lost``): no failure of the task
+        (``failures`` is unchanged), which goes back to pending unless another attempt runs.
+        False when it was not running."""
         with self._write() as db:
             cur = db.execute(
                 "UPDATE attempts SET outcome = 'lost', ended_at = ?, error = ?"
@@ -250,7 +251,7 @@ class Journal(JournalReader):
             )
             if cur.rowcount != 1:
                 return False
-            self._count_failure(db, task_id, reason)
+            self._count_failure(db, task_id, reason, failures=0)
             return True
 
     def attempt_cancelled(self, task_id: str, attempt: int, *, at_s: float | None = None) -> bool:
@@ -271,7 +272,7 @@ class Journal(JournalReader):
             return True
 
     def requeue_running(self, node: str, *, at_s: float | None = None) -> list[str]:
-        """A node was lost: end its running attempts as ``lost`` (each a failure) and send
+        """A node was lost: end its running attempts as ``lost`` (no failure) and send
         their tasks back to pending unless another attempt still runs or the task is settled.
         Returns the ids of the tasks now pending; their next start carries attempt
         ``attempts + 1`` (see :meth:`pending_tasks`)."""
@@ -290,9 +291,8 @@ class Journal(JournalReader):
                 (now, node),
             )
             requeued = []
-            for task_id in dict.fromkeys(task_ids):  # each lost attempt is one failure
-                lost = task_ids.count(task_id)
-                if self._count_failure(db, task_id, f"node {node} lost", lost) == TaskState.PENDING:
+            for task_id in dict.fromkeys(task_ids):  # a lost attempt is no failure of its task
+                if self._count_failure(db, task_id, f"node {node} lost", 0) == TaskState.PENDING:
                     requeued.append(task_id)
             return requeued
 

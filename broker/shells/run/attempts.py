@@ -21,7 +21,7 @@ from broker.shells.journal import AttemptResult
 from broker.shells.logging import mask_secrets
 from workers.protocol import Result, Run
 
-from .types import SETUP_TASK, ReleaseDue
+from .types import SETUP_TASK, Reconnected, ReleaseDue
 
 
 def failure_reason(result: Result, node: str | None = None) -> str:
@@ -128,8 +128,8 @@ class AttemptsMixin:
 
     def _agent_stopping(self, node: str, r: Result) -> bool:
         """A stopping agent cancels what it runs and takes nothing new: the node is down until
-        its agent is re-attached (its connection ends soon); its attempts are lost, each a
-        failure that says nothing about its task, and re-run elsewhere."""
+        its agent is re-attached (its connection ends soon); its attempts are lost (no
+        failure of their tasks) and re-run elsewhere."""
         record = self.ledger.nodes[node]
         if not any(a.task_id == r.task and a.attempt == r.attempt for a in record.running.values()):
             return False  # an attempt already written off
@@ -175,7 +175,7 @@ class AttemptsMixin:
         a, v = e.attempt, e.verdict
         self._emit("task.failed", task=a.task_id, attempt=a.attempt, node=a.node, error=why,
                    stderr_tail=stderr_tail[-500:], final=bool(v and v.quarantined),
-                   retries_left=v.retries_left if v else 0)
+                   retries_left=v.retries_left if v else 0, lost=bool(v and v.lost))
         self._carry_out(e.followups, why=why, stderr_tail=stderr_tail[-500:])
 
     def _carry_out(self, followups: tuple[Followup, ...] | list[Followup], *, why: str = "",
@@ -216,12 +216,56 @@ class AttemptsMixin:
                    attempt=self.ledger.nodes[node].reattaches)
         return True
 
+    def _reconnect_in_background(self, node: str, reason: str) -> bool:
+        """A private node reached over SSH that stopped answering is *away*: its attempts are
+        held (its agent runs them on), it takes no new work, and its link is reconnected on a
+        thread of its own, with backoff, for the node's grace; :meth:`_on_reconnected` then
+        re-attaches its agent or, the grace past, gives the node up. False when the node is
+        not one reconnected that way (local agents, instances) or may not be re-attached again."""
+        reconnecting = self.__dict__.setdefault("_reconnecting", set())
+        if node in reconnecting:
+            return True  # already under way
+        start = getattr(self.nodes, "reconnect_in_background", None)
+        grace_s = getattr(self.nodes, "grace_s", lambda _node: None)(node)
+        if start is None or grace_s is None or not self.ledger.reattach_allowed(node):
+            return False
+        reconnecting.add(node)
+        self.ledger.on_node_away(node, self.clock.now_s())
+        self._emit("node.away", node=node, reason=reason, running=len(self.ledger.nodes[node].running),
+                   grace_s=round(grace_s, 3))
+        start(node, lambda transport, error: self._post(Reconnected(node, transport, error)))
+        return True
+
+    def _on_reconnected(self, m: Reconnected) -> bool:
+        self.__dict__.setdefault("_reconnecting", set()).discard(m.node)
+        record, client = self.ledger.nodes.get(m.node), self.clients.get(m.node)
+        if record is None or not record.alive or client is None:  # given up or released meanwhile
+            if m.transport is not None:
+                m.transport.close()
+            return False
+        error = m.error
+        if error is None:
+            try:
+                client.reattach(m.transport)  # the agent replays what finished while it was away
+            except Exception as exc:  # noqa: BLE001 - the node is then lost, which is reported
+                error = exc
+        if error is not None:
+            self._emit("agent.reattach_failed", node=m.node, reason="not reached again within its grace",
+                       error=str(error))
+            return self._on_node_lost(m.node, f"not reached again within its grace: {error}", reattach=False)
+        self.ledger.on_node_back(m.node, self.clock.now_s())
+        self._emit("agent.reattached", node=m.node, reason="its link is back", running=len(record.running),
+                   attempt=record.reattaches)
+        return True
+
     def _on_node_lost(self, node: str, reason: str, *, reattach: bool = True, gone: bool = False) -> bool:
         """``reattach``: try to reach the node's agent again first (not for an instance EC2
-        says is gone, ``gone``)."""
+        says is gone, ``gone``): in the background for a private node over SSH, else at once."""
         record = self.ledger.nodes.get(node)
         if record is None or record.terminated_at_s is not None or (record.lost and not gone):
             return False
+        if reattach and self._reconnect_in_background(node, reason):
+            return True
         if reattach and self._reattach(node, reason):
             return True
         now = self.clock.now_s()

@@ -63,6 +63,7 @@ from .types import (
     Fleet,
     Nodes,
     PriorSamples,
+    Reconnected,
     ReleaseDue,
     SpendRequest,
     Tick,
@@ -452,6 +453,8 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
             return self._on_boot(message.instance_id)
         if isinstance(message, Attached):
             return self._on_attached(message)
+        if isinstance(message, Reconnected):
+            return self._on_reconnected(message)
         if isinstance(message, ReleaseDue) and self.ledger.release_due(message.instance_id, message.version):
             self._release(message.instance_id, self.ledger.nodes[message.instance_id].release_cause or "planned")
             return True

@@ -41,6 +41,17 @@ class RunNodes:
         background(node, slots, done)
         return True
 
+    def grace_s(self, node: str) -> float | None:
+        """How long a private node reached over SSH that stops answering is waited for (its
+        ``grace``); None for nodes re-attached at once (local agents, instances)."""
+        private = self.private.get(node)
+        return None if private is None or private.local or self.remote is None else private.grace_s
+
+    def reconnect_in_background(self, node: str, done: Callable[[Any, BaseException | None], None]) -> None:
+        """Reconnect a private node's link for its grace, off the caller's thread (see
+        :meth:`~broker.shells.nodes.SshAgents.reconnect_in_background`)."""
+        self.remote.reconnect_in_background(self.private[node], done)
+
     def reattach(self, node: str, slots: int, client: AgentClient) -> None:
         private = self.private.get(node)
         if private is None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from broker.core.control.ledger import Ledger
@@ -32,6 +32,8 @@ class RunReport:
     time_scale: float
     stop_reason: str | None = None
     unterminated: tuple[str, ...] = ()  # instances EC2 never confirmed terminated: they may still bill
+    nodes_lost: list[str] = field(default_factory=list)  # lost, bad or failed setup, and not back at the end
+    private_nodes: list[str] = field(default_factory=list)  # the private nodes the run was given
 
     def deviation_pct(self, delivered: float, planned: float | None) -> float | None:
         if planned is None or planned <= 0 or self.tasks_done + self.tasks_failed < self.tasks_total:
@@ -60,6 +62,8 @@ class RunReport:
             "time_scale": self.time_scale,
             "stop_reason": self.stop_reason,
             "instances_not_terminated": list(self.unterminated),
+            "nodes": {"private": list(self.private_nodes), "lost": list(self.nodes_lost),
+                      "private_left": len([n for n in self.private_nodes if n not in self.nodes_lost])},
         }
 
 
@@ -80,4 +84,6 @@ def build_report(ledger: Ledger, *, run_id: str, state: str, now_s: float, first
         cloud_cost_usd=cloud, private_cost_usd=private, planned_makespan_s=planned[0], planned_cost_usd=planned[1],
         cost_by_type_usd=by_type, budget_stopped=budget_stopped, time_scale=time_scale, stop_reason=stop_reason,
         unterminated=unterminated,
+        nodes_lost=[n.id for n in ledger.nodes.values() if n.lost],
+        private_nodes=[n.id for n in ledger.nodes.values() if n.is_private],
     )

@@ -66,6 +66,16 @@ class Attached:
 
 
 @dataclass(frozen=True, slots=True)
+class Reconnected:
+    """A private node's link reconnected in the background (``transport``, for its client to
+    re-handshake over), or not within its grace (``error``)."""
+
+    node: str
+    transport: Any
+    error: BaseException | None
+
+
+@dataclass(frozen=True, slots=True)
 class ReleaseDue:
     instance_id: str
     version: int

@@ -295,7 +295,7 @@ class Ledger(SnapshotMixin):
     def on_attempt_lost(self, node_id: str, task_id: str, attempt: int, now: float) -> Ended:
         """The node's agent no longer has the attempt (it restarted, or cancelled it without
         being asked). An attempt a dead daemon had started never reached the agent: it goes
-        back to the pool without counting as a failure; any other counts as a lost one."""
+        back to the pool at once; any other is lost (re-queued, no failure of its task)."""
         a = self._find(node_id, task_id, attempt)
         if a is None:
             return STALE
@@ -311,7 +311,10 @@ class Ledger(SnapshotMixin):
             return Ended(outcome, a)
         node = self.nodes[a.node]
         others = self._alive - (1 if node.alive else 0)
-        verdict = self.book.failed(task, node.id, signature, others)
+        if signature is None:  # lost with its node or agent: not the task's fault
+            verdict = self.book.lost(task, node.id)
+        else:
+            verdict = self.book.failed(task, node.id, signature, others)
         followups: list[Followup] = []
         if verdict.bad_node:
             followups += self._quarantine_node(node, now)
@@ -460,8 +463,8 @@ class Ledger(SnapshotMixin):
 
     def on_node_lost(self, node_id: str, now: float, *, comes_back: bool = False,
                      gone: bool = False) -> tuple[list[Ended], list[Followup]]:
-        """The node's agent (or the node) is gone: its attempts are lost, each a failure
-        without a signature. ``comes_back``: the agent is expected back (:meth:`on_node_back`);
+        """The node's agent (or the node) is gone: its attempts are lost (no failure of their
+        tasks, which are re-queued; see ``FailurePolicy.lost_attempts``). ``comes_back``: the agent is expected back (:meth:`on_node_back`);
         otherwise the node takes no more work and an instance is released (``gone``: EC2 says
         it no longer exists, cause ``instance_lost``; else ``node_lost``)."""
         node = self.nodes.get(node_id)
@@ -487,6 +490,17 @@ class Ledger(SnapshotMixin):
             cause = ReleaseCause.INSTANCE_LOST if gone else ReleaseCause.NODE_LOST
             followups.append(self._release_now(node, now, cause))
         return ended, followups
+
+    def on_node_away(self, node_id: str, now: float) -> bool:
+        """The node stopped answering and is being reached again: it takes no new work, its
+        attempts are held (its agent runs them on) until :meth:`on_node_back`, or
+        :meth:`on_node_lost` once it is given up."""
+        node = self.nodes.get(node_id)
+        if node is None or not node.alive:
+            return False
+        node.down = True
+        self._touch(node)
+        return True
 
     def on_node_back(self, node_id: str, now: float) -> bool:
         node = self.nodes.get(node_id)

@@ -111,7 +111,8 @@ class Ended:
 
     ``outcome``: ``done`` (the first result: the task is done), ``replica`` (a success after
     the task was done), ``failed`` (counted by the failure rules), ``lost`` (the attempt
-    vanished with its agent or node: a failure without a signature), ``cancelled`` (no
+    vanished with its agent or node: no failure of the task, counted against its
+    ``lost_attempts`` only), ``cancelled`` (no
     failure: re-queued), ``stale`` (no such attempt runs: a replay or a written-off copy;
     nothing changed). ``verdict`` is the failure rules' answer (None when the task was
     already settled or for a cancel).

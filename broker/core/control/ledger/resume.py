@@ -114,6 +114,9 @@ def restore(ledger: Ledger, rows: JournalRows, speeds: Mapping[str, float]) -> R
                 ledger.last_done_s = max(ledger.last_done_s, a.ended_at_s)
         elif a.outcome in FAILURES:
             sig = None if a.outcome == AttemptOutcome.LOST else signature(a.exit_code, a.timed_out, a.error)
+            if sig is None:  # lost with its node or agent, as Ledger._failed counts it
+                ledger.book.lost(a.task_id, a.node)
+                continue
             verdict = ledger.book.failed(a.task_id, a.node, sig, others)
             if verdict.bad_node:
                 out.bad_nodes.add(a.node)
