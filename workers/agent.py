@@ -288,9 +288,21 @@ def kill_leftovers(state_dir: str) -> int:
     Used by a new agent on that directory and by ``broker down`` after stopping the agent."""
     state_dir = os.path.abspath(os.path.expanduser(state_dir))
     own = {os.getpid(), os.getppid()}
-    table = _process_table()
-    roots = [pid for pid in table if pid not in own and (_marks(pid) or ("", "", ""))[2] == state_dir]
-    return _kill_all([pid for pid in _subtree(roots, table) if pid not in own])
+    signalled: set = set()
+    # Again until a pass finds no new one: a task's shell killed while it forked leaves a child
+    # that no earlier table held (a `sleep 100` outlived `broker down` in CI, once).
+    for _ in range(_LEFTOVER_PASSES):
+        table = _process_table()
+        roots = [pid for pid in table if pid not in own and (_marks(pid) or ("", "", ""))[2] == state_dir]
+        new = [pid for pid in _subtree(roots, table) if pid not in own and pid not in signalled]
+        if not new:
+            break
+        signalled.update(pid for pid in new if _kill_all([pid]))
+        time.sleep(0.02)
+    return len(signalled)
+
+
+_LEFTOVER_PASSES = 10
 
 
 def agent_pid(state_dir: str) -> Optional[int]:
