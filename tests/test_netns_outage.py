@@ -10,7 +10,6 @@ running tasks were re-queued and ran again elsewhere, and it never rejoined.
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -18,20 +17,13 @@ from pathlib import Path
 import pytest
 
 from tests.netns_hosts import netns_hosts_factory  # noqa: F401 - fixture
+from tests.test_dryrun import query
 from tests.test_netns_runs import _env, _wait, _write_inputs
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slow]
 
 MARK = "sleep 7.5"
 OUTAGE_S = 60.0
-
-
-def _rows(run_dir: Path, sql: str) -> list[tuple]:
-    db = sqlite3.connect(f"file:{run_dir / 'journal.sqlite'}?mode=ro", uri=True, timeout=10)
-    try:
-        return db.execute(sql).fetchall()
-    finally:
-        db.close()
 
 
 def test_a_60s_link_outage_holds_the_hosts_tasks_and_it_rejoins(netns_hosts_factory, tmp_path):
@@ -64,9 +56,9 @@ def test_a_60s_link_outage_holds_the_hosts_tasks_and_it_rejoins(netns_hosts_fact
     away = next(e for e in events if e["event"] == "node.away")
     assert away["running"] >= 1 and held >= 1
     # No task ran twice: one attempt each, every one a success; none lost or cancelled.
-    attempts = _rows(run_dir, "SELECT task_id, count(*), sum(outcome = 'ok') FROM attempts GROUP BY task_id")
+    attempts = query(run_dir, "SELECT task_id, count(*), sum(outcome = 'ok') FROM attempts GROUP BY task_id")
     assert len(attempts) == 30 and all(n == 1 and ok == 1 for _, n, ok in attempts), attempts
     # The attempts the host held through the outage were its own to finish (replayed).
-    assert _rows(run_dir, f"SELECT count(*) FROM attempts WHERE node = '{victim.name}' AND outcome = 'ok'"
+    assert query(run_dir, f"SELECT count(*) FROM attempts WHERE node = '{victim.name}' AND outcome = 'ok'"
                           f" AND started_at < (SELECT min(at) FROM events WHERE name = 'node.away')")[0][0] >= 1
     assert "node lost" not in stdout, stdout

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -16,19 +15,12 @@ from pathlib import Path
 import pytest
 
 from tests.netns_hosts import netns_hosts_factory  # noqa: F401 - fixture
+from tests.test_dryrun import query
 from tests.test_netns_runs import _env, _wait, _write_inputs
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slow]
 
 MARK = "sleep 4.5"
-
-
-def _rows(run_dir: Path, sql: str) -> list[tuple]:
-    db = sqlite3.connect(f"file:{run_dir / 'journal.sqlite'}?mode=ro", uri=True, timeout=10)
-    try:
-        return db.execute(sql).fetchall()
-    finally:
-        db.close()
 
 
 def test_an_agent_sigtermed_mid_run_loses_no_task_and_the_run_finishes(netns_hosts_factory, tmp_path):
@@ -56,7 +48,7 @@ def test_an_agent_sigtermed_mid_run_loses_no_task_and_the_run_finishes(netns_hos
     assert any(e["event"] == "node.down" and e.get("node") == victim.name for e in events), "the fault did not fire"
     lost = [e for e in events if e["event"] == "task.failed" and e.get("node") == victim.name]
     assert lost and all(e["lost"] and not e["final"] for e in lost), lost
-    tasks = _rows(run_dir, "SELECT id, state, failures FROM tasks")
+    tasks = query(run_dir, "SELECT id, state, failures FROM tasks")
     assert len(tasks) == 16 and all(state == "done" and f == 0 for _, state, f in tasks), tasks
-    oks = _rows(run_dir, "SELECT task_id, count(*) FROM attempts WHERE outcome = 'ok' GROUP BY task_id")
+    oks = query(run_dir, "SELECT task_id, count(*) FROM attempts WHERE outcome = 'ok' GROUP BY task_id")
     assert len(oks) == 16 and all(n == 1 for _, n in oks), oks
