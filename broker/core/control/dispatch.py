@@ -78,26 +78,36 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
     # a task that ends before it (as an instance's before its release), none once it is spent.
     private_until = now if memory.private_stopped else (
         private_until_s(ctl, snap, s, now) if any(n.is_private for n in ready) else math.inf)
+    baseline = ctl.config.policy != Policy.BROKER
+    least = snap.pending.smallest_size(fit_size)  # fit_rule: the broker's pool size of unknown tasks
     for node in ready:
-        if len(node.running) >= node.slots:
-            continue
         release = s.release_of(node) if not node.is_private else (
             None if math.isinf(private_until) else private_until)
-        for slot in node.free_slots():
-            if (node.id, slot) in s.used_slots or (release is not None and release <= now):
-                continue
-            limit_ref = math.inf
-            if (fit_rule or node.is_private) and release is not None:
-                limit_ref = (release - now) * node.speed / ctl.config.fit_safety
-            if fit_rule:
-                limit_ref = min(limit_ref, tail_limit_ref(ctl, snap, memory, node, now, fit_size, fastest))
-            pick = _baseline_pick(ctl, snap, memory, node, rng, s)
+        slots = node.free_slots()
+        if s.used_slots:
+            slots = [slot for slot in slots if (node.id, slot) not in s.used_slots]
+        if not slots or (release is not None and release <= now):
+            continue
+        # What a slot may take depends on its node only: the limit is worked out once a node.
+        limit_ref = math.inf
+        if (fit_rule or node.is_private) and release is not None:
+            limit_ref = (release - now) * node.speed / ctl.config.fit_safety
+        if not baseline and limit_ref < least:  # nothing pending is that small
+            idle_slots.extend((node, slot, limit_ref) for slot in slots)
+            continue
+        if fit_rule:
+            limit_ref = min(limit_ref, tail_limit_ref(ctl, snap, memory, node, now, fit_size, fastest))
+        for k, slot in enumerate(slots):
+            pick = _baseline_pick(ctl, snap, memory, node, rng, s) if baseline else None
             if pick is None:
                 pick = snap.pending.largest_fitting(limit_ref, fit_size if fit_rule else mean, s.taken)
             if pick is None and not fit_rule:
                 pick = snap.pending.smallest(mean, s.taken)
             if pick is None:
                 idle_slots.append((node, slot, limit_ref))
+                if not baseline:  # the node's other slots would find nothing either
+                    idle_slots.extend((node, other, limit_ref) for other in slots[k + 1:])
+                    break
                 continue
             s.taken.add(pick[0])
             s.actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, WorkCause.DISPATCH))
@@ -174,13 +184,22 @@ def replicate(snap: Snapshot, now: float, mean: float, idle_slots, s: Scratch) -
                 size = max(est, 2.0 * age_ref)
                 end = r.started_at_s + size / n.speed
             running.append((end, size, r, n))
+    # Tasks with two copies are out of the running for good: drop them before the scans.
+    running = [x for x in running if copies[x[2].task_id] < 2]
     running.sort(key=lambda x: (-x[0], x[2].task_id))
+    least = min((x[1] for x in running), default=math.inf)
     for node, slot, limit_ref in idle_slots:
+        if limit_ref < least:
+            continue  # the slot's paid time is too short for any copy
         for end, size, r, n in running:
-            if copies.get(r.task_id, 0) >= 2 or n.id == node.id:
+            if end <= now + least / node.speed:
+                break  # ends only get sooner down the list: no copy can beat one from here on
+            if n.id == node.id or size > limit_ref or now + size / node.speed >= end:
                 continue
-            if size > limit_ref or now + size / node.speed >= end:
-                continue
-            copies[r.task_id] = copies.get(r.task_id, 0) + 1
+            copies[r.task_id] += 1
             s.actions.append(Replicate(r.task_id, SlotRef(node.id, slot), r.attempt + 1, WorkCause.TAIL_REPLICATION))
+            if copies[r.task_id] >= 2:
+                running = [x for x in running if x[2].task_id != r.task_id]
             break
+        if not running:
+            return

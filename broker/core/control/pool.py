@@ -15,6 +15,7 @@ reads it and keeps the tasks it has already picked in the current decision aside
 from __future__ import annotations
 
 import bisect
+import math
 from typing import Iterable
 
 
@@ -109,6 +110,12 @@ class TaskPool:
 
     def estimate(self, task_id: str) -> float | None:
         return self._known_est.get(task_id)
+
+    def smallest_size(self, mean_ref_s: float) -> float:
+        """A lower bound on any pending task's size (tasks without an estimate count as
+        ``mean_ref_s``; inf when none is pending): a slot whose limit is below it takes none."""
+        least = self._known[0][0] if self._known else math.inf
+        return min(least, mean_ref_s) if self._unknown else least
 
     def largest_fitting(
         self, limit_ref_s: float, mean_ref_s: float, taken: set[str] | frozenset[str] = frozenset()

@@ -51,6 +51,8 @@ class NodeView:
         return not self.lost and (self.ready_at_s is None or self.ready_at_s <= now_s)
 
     def free_slots(self) -> list[int]:
+        if not self.running:
+            return list(range(self.slots))
         busy = {r.slot for r in self.running}
         return [i for i in range(self.slots) if i not in busy]
 
