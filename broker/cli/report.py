@@ -81,7 +81,7 @@ def build(journal: Journal, run_dir: Path, now_s: float | None = None) -> dict[s
     end = record.ended_at_s if record.ended_at_s is not None else now
     status = fig.overview.status
     done_events = journal.events("run.done")
-    first_plans = journal.events("plan.solved")
+    first_plans = journal.goal_plans()  # the promise: the first plan for the run's (last) goal
     first = first_plans[0][2] if first_plans else {}
     planned = {"makespan_s": first.get("makespan_s"), "cost_usd": first.get("cost_usd")}
     if done_events:
@@ -133,6 +133,10 @@ def build(journal: Journal, run_dir: Path, now_s: float | None = None) -> dict[s
         "time_scale": float(record.options.get("time_scale", 1.0)),
         "budget_stopped": bool(budget_stops),
         "first_plan": first,
+        # what resumes changed: the bag (kept, new, dropped, redone) and the goal
+        "resumed_with": [text for _, text in sorted(
+            [(at, f["summary"]) for at, _, f in journal.events("run.bag_changed")]
+            + [(at, f"goal {f['before']} -> {f['after']}") for at, _, f in journal.events("run.goal_changed")])],
         "first_plan_at_s": round(first_plans[0][0] - start, 3) if first_plans else None,
         "inventory_path": record.inventory_path,
     }
@@ -277,6 +281,7 @@ def render(report: dict[str, Any]) -> str:
         f"  instances launched: {report['instances_launched']}"
         + ("; budget stop" if report["budget_stopped"] else ""),
     ]
+    lines += [f"  resumed with an edit: {change}" for change in report.get("resumed_with", ())]
     if tasks["left"] > 0:
         lines.insert(4, f"  (no deviation: {tasks['left']} task{'s' if tasks['left'] != 1 else ''} left, so what "
                         "was delivered is not the bag's makespan or cost)")
