@@ -5,6 +5,7 @@ matplotlib both refuse with the extra to install."""
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import struct
 import sys
@@ -110,3 +111,42 @@ def test_report_plot_puts_proposed_with_its_interval_and_delivered_on_the_first_
     assert list(deadline[0].get_xdata()) == pytest.approx([5.0, 5.0])  # the fixture's 5m, from the run's start
     assert any(line.get_label() == "delivered" for line in ax.lines)
     plt.close(fig)
+
+
+def test_report_plot_draws_the_interval_of_the_promise_the_run_made(observed_dry_run, capsys):
+    """Regression: a run's report drew the proposed point without error bars, and printed no
+    `promised` line: a run's promise (its median and interval) sits in the plan's forecast,
+    and the plot read only flat ranges, which no run's plan.solved event has."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from broker.cli.report import draw_report
+
+    with Journal.open(observed_dry_run.run_dir, readonly=True) as journal:
+        report = build(journal, observed_dry_run.run_dir)
+    made = [f["promise"] for f in observed_dry_run.events("plan.solved") if f.get("promise")]
+    assert made, "the run made no promise with an interval"
+    interval = report["first_promise"]
+    assert interval["makespan_s_range"] == made[0]["makespan_s_range"]
+    assert interval["cost_usd_range"] == made[0]["cost_usd_range"]
+    fig, (ax, bars) = plt.subplots(1, 2)
+    draw_report(ax, bars, report, observed_dry_run.run_dir)
+    per = 60.0  # the run lasts minutes
+    bars_drawn = [c for c in ax.containers if getattr(c, "has_xerr", False)]
+    assert bars_drawn, "no error bars on the report's front"
+    # The bars span the promise's interval, on the front's axes (minutes from the run's start).
+    spans = []
+    for container in bars_drawn:
+        for segments in container.lines[2]:
+            for seg in segments.get_segments():
+                spans.append((min(seg[:, 0]), max(seg[:, 0]), min(seg[:, 1]), max(seg[:, 1])))
+    low, high = interval["makespan_s_range"]
+    assert any(lo == pytest.approx(low / per) and hi == pytest.approx(high / per) for lo, hi, _, _ in spans), spans
+    c_low, c_high = interval["cost_usd_range"]
+    assert any(lo == pytest.approx(c_low) and hi == pytest.approx(c_high) for _, _, lo, hi in spans), spans
+    plt.close(fig)
+    assert main(["report", str(observed_dry_run.run_dir)]) == 0
+    assert re.search(r"^  promised  makespan \S+ \(90%: \S+-\S+\), cost \$[\d.]+ \(90%: \$[\d.]+-\$[\d.]+\)",
+                     capsys.readouterr().out, re.M)
