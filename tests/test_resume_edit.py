@@ -181,5 +181,5 @@ def test_resume_with_another_goal_replans_for_it_and_promises_from_its_first_pla
     first_new = query(run_dir, f"SELECT makespan_s, cost_usd FROM plans WHERE seq > {plans_before} ORDER BY seq")
     assert first_new, "the resumed run made no plan for its new goal"
     report = json.loads(broker("report", str(run_dir), "--json").stdout)
-    assert (report["planned"]["makespan_s"], report["planned"]["cost_usd"]) == pytest.approx(first_new[0])
+    assert (report["planned"]["makespan_s"], report["planned"]["cost_usd"]) == pytest.approx(first_new[0], abs=0.01)
     assert query(run_dir, "SELECT state, count(*) FROM tasks GROUP BY state") == [("done", 10)]

@@ -72,7 +72,8 @@ def first_promise(plans, start_s: float) -> dict[str, Any] | None:
     for k, (at, _, fields) in enumerate(plans):
         promise = fields.get("promise")
         if isinstance(promise, dict) and promise.get("makespan_s_range") and promise.get("cost_usd_range"):
-            return {**promise_figures(promise), "made_at_s": round(at - start_s, 3), "of_first_plan": k == 0}
+            return {**promise_figures(promise), "made_at_s": round(at - start_s, 3), "of_first_plan": k == 0,
+                    "text": fields.get("promise_text")}  # as `broker status` and the run's console say it
     return None
 
 
@@ -301,11 +302,11 @@ def render(report: dict[str, Any]) -> str:
     promise = report.get("promise") or {}
     interval = report.get("first_promise")
     if "makespan_s_range" in promise or "cost_usd_range" in promise:
-        lines.insert(2, f"  promised  {promise_text(promise)}")
+        lines.insert(4, f"  promised  {promise_text(promise)}")
     elif interval:  # the forecast's median and interval (the plan's own figures are "proposed")
         when = "by the first plan" if interval["of_first_plan"] else \
             f"first made {format_duration(interval['made_at_s'])} into the run"
-        lines.insert(2, f"  promised  {promise_text(interval)} ({when})")
+        lines.insert(4, f"  promised  {interval.get('text') or promise_text(interval)} ({when})")
     for name, usd in report["cost_by_type_usd"].items():
         util = report["utilization_by_type"].get(name)
         lines.append(f"  cost {name}: ${usd:.4f}" + (f", utilization {100 * util:.0f}%" if util is not None else ""))
