@@ -183,3 +183,30 @@ def test_resume_with_another_goal_replans_for_it_and_promises_from_its_first_pla
     report = json.loads(broker("report", str(run_dir), "--json").stdout)
     assert (report["planned"]["makespan_s"], report["planned"]["cost_usd"]) == pytest.approx(first_new[0], abs=0.01)
     assert query(run_dir, "SELECT state, count(*) FROM tasks GROUP BY state") == [("done", 10)]
+
+
+@pytest.mark.slow
+def test_a_task_dropped_while_it_runs_is_cancelled_and_the_rest_finish(tmp_path, run_dir):  # noqa: F811
+    commands = [f"python3 -c 'import time; time.sleep(1.0); print({k})'" for k in range(1, 11)]
+    inv, bag = write_inputs(tmp_path, commands)
+    killed = broker(*run_args(inv, bag, run_dir), crash="event:task.done:3")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    running = {c for (c,) in query(run_dir, "SELECT t.command FROM attempts a JOIN tasks t ON t.id = a.task_id "
+                                            "WHERE a.outcome = 'running'")}
+    assert running, "the kill should land while attempts run"
+    (tmp_path / "tasks.txt").write_text("\n".join(c for c in commands if c not in running) + "\n")
+
+    resumed = broker(*run_args(inv, bag, run_dir))
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    [event] = journal_events(run_dir, "run.bag_changed")
+    assert (event["new"], event["dropped"], event["redone"]) == (0, len(running), 0)
+    left = 10 - len(running)
+    assert query(run_dir, "SELECT state, count(*) FROM tasks GROUP BY state ORDER BY state") == \
+        [("done", left), ("dropped", len(running))]
+    for (note,) in query(run_dir, "SELECT note FROM tasks WHERE state = 'dropped'"):
+        assert "was running" in note
+    # Their attempts were cancelled, none ran again, and nothing is left running.
+    assert query(run_dir, "SELECT DISTINCT a.outcome FROM attempts a JOIN tasks t ON t.id = a.task_id "
+                          "WHERE t.state = 'dropped'") == [("cancelled",)]
+    assert query(run_dir, "SELECT count(*) FROM attempts WHERE outcome = 'running'") == [(0,)]
+    assert f"{left} done, 0 failed, 0 left of {left}" in resumed.stdout
