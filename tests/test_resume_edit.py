@@ -210,3 +210,43 @@ def test_a_task_dropped_while_it_runs_is_cancelled_and_the_rest_finish(tmp_path,
                           "WHERE t.state = 'dropped'") == [("cancelled",)]
     assert query(run_dir, "SELECT count(*) FROM attempts WHERE outcome = 'running'") == [(0,)]
     assert f"{left} done, 0 failed, 0 left of {left}" in resumed.stdout
+
+
+def test_a_private_node_that_costs_money_cannot_leave_or_change_price_on_resume(tmp_path):
+    """Its spend is counted from when it joined to the run's end: removing it or changing its
+    price would miscount the run's spend. A free node may come and go; another goal is fine."""
+    import argparse
+
+    from broker.cli import UsageError
+    from broker.cli.run_resume import prepare_resume
+    from broker.config.bag import load_bag
+    from broker.config.inventory import load_inventory
+    from broker.core.goal import Goal
+    from broker.shells.journal import Journal
+
+    inv_text = "private:\n  - {name: paid, local: true, slots: 1, cost_per_hour: 0.5}\n" \
+               "  - {name: free, local: true, slots: 1}\n"
+    inv, bag_file = write_inputs(tmp_path, COMMANDS[:2])
+    inv.write_text(inv_text)
+    bag = load_bag(str(bag_file))
+    run_dir = tmp_path / "r"
+    with Journal.open(run_dir) as journal:
+        record = journal.create_run("r", goal_kind="deadline", goal_value=3600.0, deadline_s=3600.0, retries=1,
+                                    bag_path=str(bag_file), options={"dry_run": True, "time_scale": 60.0},
+                                    tasks=bag.tasks, task_context=task_context(bag))
+        for name, cost in (("paid", 0.5), ("free", 0.0)):
+            journal.record_private_node(name, slots=1, cost_per_hour=cost)
+    args = argparse.Namespace(dry_run=True, time_scale=None, bag=str(bag_file), inventory=str(inv))
+
+    def resume_with(text: str, goal: Goal = Goal("deadline", 3600.0)):
+        inv.write_text(text)
+        with Journal.open(run_dir, readonly=True) as journal:
+            return prepare_resume(args, record, journal, goal, 60.0, load_inventory(str(inv), live=False), bag,
+                                  run_dir)
+
+    plan = resume_with(inv_text.replace("  - {name: free, local: true, slots: 1}\n", ""), Goal("deadline", 7200.0))
+    assert plan.goal_change == ("deadline 1h00m", "deadline 2h00m") and not plan.edit.changed
+    with pytest.raises(UsageError, match="private node paid costs \\$0.50/h and .* no longer lists it"):
+        resume_with(inv_text.replace("  - {name: paid, local: true, slots: 1, cost_per_hour: 0.5}\n", ""))
+    with pytest.raises(UsageError, match="private node paid is billed at \\$0.50/h, and .* now says \\$0.75/h"):
+        resume_with(inv_text.replace("0.5}", "0.75}"))

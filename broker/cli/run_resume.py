@@ -7,7 +7,8 @@ as it is. Refused, each with why, only where continuing would be wrong: a dry ru
 live or the reverse (its instances are in another EC2), another time scale (the run's
 billing clock would jump), instances of a type the inventory no longer lists (their cost
 and release are that type's), a budget already spent or a deadline already past, an
-edited bag the journal cannot match (see ``bagedit``).
+edited bag the journal cannot match (see ``bagedit``), a private node that costs money
+removed or priced otherwise (its spend would be miscounted).
 """
 
 from __future__ import annotations
@@ -54,10 +55,27 @@ def prepare_resume(args, record, journal, goal, scale, inventory, bag, run_dir: 
         raise UsageError(f"cannot resume run {record.id} in {run_dir}: its instances are of type(s) "
                          f"{', '.join(missing)}, which {args.inventory} no longer lists (their cost and "
                          f"release are that type's): list them again, {how}")
+    _check_private_costs(record, journal, inventory, args.inventory, run_dir)
     goal_change = _goal_change(record, goal, journal, run_scale, run_dir, how)
     edit = _bag_edit(args, record, journal, bag, run_dir, how)
     return ResumePlan(run_scale, float(options.get("tick_s", 60.0)), float(options.get("margin_s", 120.0)),
                       edit.bag, edit, goal_change)
+
+
+def _check_private_costs(record, journal, inventory, path, run_dir) -> None:
+    """A private node that costs money is billed from when it joined to the run's end: one
+    removed from the inventory, or priced otherwise, would be miscounted. Free nodes may come
+    and go."""
+    now = {p.name: p.cost_per_hour for p in inventory.private}
+    for name, cost in sorted(journal.private_node_costs().items()):
+        if cost > 0 and name not in now:
+            raise UsageError(f"cannot resume run {record.id} in {run_dir}: its private node {name} costs "
+                             f"{money(cost)}/h and {path} no longer lists it; the run bills a private node "
+                             "until its end, so its spend would be miscounted: list it again (it may sit idle)")
+        if name in now and abs(now[name] - cost) > 1e-9:
+            raise UsageError(f"cannot resume run {record.id} in {run_dir}: its private node {name} is billed at "
+                             f"{money(cost)}/h, and {path} now says {money(now[name])}/h; the run's spend would "
+                             "be counted at two prices: put the old price back")
 
 
 def _bag_edit(args, record, journal, bag, run_dir, how):

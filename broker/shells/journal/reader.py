@@ -85,6 +85,11 @@ class JournalReader(JournalBase):
         with self._read() as db:
             return {r[0] for r in db.execute("SELECT id FROM tasks")}
 
+    def private_node_costs(self) -> dict[str, float]:
+        """Each private node the run has had, with the cost per hour it is billed at."""
+        with self._read() as db:
+            return dict(db.execute("SELECT name, cost_per_hour FROM private_nodes"))
+
     # -- tasks and attempts ----------------------------------------------------------------
     def pending_tasks(self) -> list[PendingTask]:
         """Tasks waiting for a slot, in bag order; ``next_attempt`` is the number their next
