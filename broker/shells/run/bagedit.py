@@ -42,9 +42,9 @@ def task_context(bag: Bag) -> dict[str, Any]:
     return {"env": dict(sorted(bag.env.items())), "workdir": bag.workdir, "setup": bag.setup}
 
 
-def _key(command: str, context: Mapping[str, Any]) -> tuple[str, str, str]:
-    env = json.dumps(dict(sorted((context.get("env") or {}).items())), sort_keys=True)
-    return command, env, context.get("workdir") or ""
+def _context_key(context: Mapping[str, Any]) -> tuple[str, str]:
+    """The part of every task's key that is the bag's: its environment and working directory."""
+    return json.dumps(dict(context.get("env") or {}), sort_keys=True), context.get("workdir") or ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,30 +90,32 @@ def match_bag(live: Sequence[tuple[str, str, str]], all_ids: set[str], then: Map
     if (then.get("setup") or None) != (now.get("setup") or None):
         raise BagEditRefused("the bag's setup changed: the run's nodes were set up with the old one and a node is "
                              "set up once, so its tasks would run on nodes set up two ways: put the setup back")
-    by_key: dict[tuple[str, str, str], deque] = defaultdict(deque)
-    ranked = sorted(enumerate(live), key=lambda p: (_PREFERENCE.get(p[1][2], 3), p[0]))
-    for _, (task_id, command, state) in ranked:
-        by_key[_key(command, then)].append((task_id, state))
-    done_keys = {k for k, rows in by_key.items() if any(state == TaskState.DONE for _, state in rows)}
+    # A task's key is its command with the bag's context: with the context unchanged, the
+    # command alone; with it changed, no task of the journal has a key the bag holds.
+    same_context = _context_key(then) == _context_key(now)
+    by_key: dict[str, deque] = defaultdict(deque)
+    ranked = sorted(range(len(live)), key=lambda k: (_PREFERENCE.get(live[k][2], 3), k))
+    for k in ranked if same_context else ():
+        task_id, command, state = live[k]
+        by_key[command].append((task_id, state))
+    done_keys = {c for c, rows in by_key.items() if any(state == TaskState.DONE for _, state in rows)}
     taken = set(all_ids)
     tasks: list[Task] = []
     new: list[str] = []
     kept = kept_done = redone = 0
     for t in bag.tasks:
-        key = _key(t.command, now)
-        rows = by_key.get(key)
+        rows = by_key.get(t.command)
         if rows:
             task_id, state = rows.popleft()
             kept += 1
             kept_done += state == TaskState.DONE
-            tasks.append(replace(t, id=task_id) if t.id != task_id else t)
-            continue
-        task_id = _fresh_id(t.id, taken)
-        taken.add(task_id)
-        redone += key in done_keys
-        new.append(task_id)
-        tasks.append(replace(t, id=task_id) if t.id != task_id else t)
-    dropped = _left_over(live, by_key)
+        else:
+            task_id = _fresh_id(t.id, taken)
+            taken.add(task_id)
+            redone += t.command in done_keys
+            new.append(task_id)
+        tasks.append(t if t.id == task_id else Task(task_id, t.command, t.params, t.estimates_s))
+    dropped = _left_over(live, by_key) if same_context else tuple(task_id for task_id, _, _ in live)
     return BagEdit(bag=replace(bag, tasks=tuple(tasks)), kept=kept, kept_done=kept_done, new=tuple(new),
                    dropped=dropped, redone=redone, context_changed=dict(then) != now)
 
