@@ -64,6 +64,9 @@ def started_after_resume(run_dir: Path) -> list[str]:
 
 @pytest.mark.slow
 def test_resume_after_adding_5_tasks_and_changing_1_runs_exactly_those_6(tmp_path, run_dir):  # noqa: F811
+    """Issue 19's must-show. Regression too: an edit of a bag's tasks_file passed the resume's
+    check (the SHA-256 of the bag YAML alone), the tasks were matched by their place, so the
+    new lines' places counted as done, and the resume died on `unknown task 't000012'`."""
     inv, bag = write_inputs(tmp_path, COMMANDS)
     done = killed_when_all_done(inv, bag, run_dir, 10)
     old_ids = dict(query(run_dir, "SELECT command, id FROM tasks"))
