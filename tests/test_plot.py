@@ -152,3 +152,24 @@ def test_report_plot_draws_the_interval_of_the_promise_the_run_made(observed_dry
     first = next(f for f in observed_dry_run.events("plan.solved") if f.get("promise"))
     assert re.search(r"\(90%: \S+-\S+ \w+\), \$[\d.]+ \(90%: \$[\d.]+-\$[\d.]+\)", first["promise_text"])
     assert f"\n  promised  {first['promise_text']} (" in capsys.readouterr().out
+
+
+def test_a_promise_that_does_not_hold_the_plans_point_is_drawn_at_its_median():
+    """Error bars hung on a point outside their interval would misstate it: the promise is then
+    its own marker (its median, with the interval), and the proposed point has no bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from broker.cli.report import _draw_proposed
+
+    fig, ax = plt.subplots()
+    interval = {"makespan_s": 600.0, "makespan_s_range": [540.0, 700.0], "cost_usd": 1.0,
+                "cost_usd_range": [0.9, 1.2], "confidence": 0.9, "made_at_s": 300.0, "of_first_plan": False}
+    _draw_proposed(ax, {"makespan_s": 480.0, "cost_usd": 1.0}, interval, 60.0)
+    median, proposed = ax.containers
+    assert median.has_xerr and median.has_yerr and not proposed.has_xerr and not proposed.has_yerr
+    assert list(median.lines[0].get_xdata()) == [10.0] and list(proposed.lines[0].get_xdata()) == [8.0]
+    assert "median" in median.get_label() and "first made 5m00s in" in proposed.get_label()
+    plt.close(fig)
