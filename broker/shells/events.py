@@ -112,7 +112,7 @@ CATALOGUE: dict[str, EventSpec] = {
               "time_scale"),
         _spec("run.bag_changed", "a resume found the bag edited: tasks matched by command, environment and working "
               "directory are kept, new and changed ones run, removed ones are dropped (kept in the journal); "
-              "redone: new tasks whose command the run has done already",
+              "redone: new tasks whose command a kept task has done already",
               "summary kept kept_done new dropped redone new_tasks dropped_tasks"),
         _spec("run.goal_changed", "a resume was given another goal: the run re-plans for it, and its next plan is "
               "the promise", "before after"),
