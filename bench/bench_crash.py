@@ -206,6 +206,10 @@ def _forked_main(argv: list[str], env: dict[str, str], out: str, err: str) -> No
     rc = 1
     try:
         rc = main(argv)
+    except BaseException:  # os._exit below would swallow the traceback: a chain saw rc 1 and no output
+        import traceback
+
+        traceback.print_exc()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -59,7 +59,7 @@ def test_json_prints_exactly_one_object_in_the_documented_shape(tmp_path, capsys
                             "eta", "instance_list", "promise_now"}
     assert payload["promise_now"] == {"confidence": 0.95, "makespan_s": 5300.0, "makespan_s_range": [5000.0, 5400.0],
                                   "cost_usd": 0.5, "cost_usd_range": [0.45, 0.51]}  # the current one
-    assert payload["tasks"] == {"total": 10, "done": 4, "running": 1, "failed": 0, "left": 6}
+    assert payload["tasks"] == {"total": 10, "done": 4, "running": 1, "failed": 0, "left": 6, "dropped": 0}
     assert payload["instances"] == {"running": 1, "terminated": 1}
     assert payload["committed_usd"] == pytest.approx(0.17 + 0.10)
     assert payload["budget_usd"] == 5.0
@@ -72,7 +72,8 @@ def test_human_view_shows_progress_spend_plan_and_fleet(tmp_path, capsys):
     assert "4/10 done" in out and "[" + "#" * 12 + "." * 18 + "]" in out
     assert "$0.27 committed of $5.00 budget (5%)" in out
     assert "makespan 1h30m" in out and "confidence 95%" in out
-    assert "promise: done in 1.5 h (95%: 1.4-1.5 h), $0.50 (95%: $0.45-$0.51)" in out
+    # the promise standing now, on a line of its own (issue 19: status shows it with its interval)
+    assert "\npromise done in 1.5 h (95%: 1.4-1.5 h), $0.50 (95%: $0.45-$0.51), by plan #" in out
     assert "eta    in 1h00m (90% interval 1h00m-1h00m)" in out  # no plan.solved event: no interval
     assert "$4.73 left" in out
     fleet_row = next(line for line in out.splitlines() if "i-0abc" in line)

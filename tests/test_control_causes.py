@@ -23,7 +23,7 @@ STORED = {
              "panda"},
     GoalKind: {"deadline", "budget", "point", "theta", "none"},
     WorkCause: {"sampling", "dispatch", "nothing_fits_anywhere", "tail_replication", "private_budget_spent"},
-    TaskState: {"pending", "sampling", "running", "done", "failed", "quarantined", "cancelled"},
+    TaskState: {"pending", "sampling", "running", "done", "failed", "quarantined", "cancelled", "dropped"},
     AttemptOutcome: {"running", "ok", "failed", "timed_out", "lost", "cancelled"},
     Ending: {"done", "replica", "failed", "lost", "cancelled", "stale"},
 }

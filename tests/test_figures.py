@@ -39,3 +39,23 @@ def test_table_plan_line_question_report_and_metrics_agree(observed_dry_run, cap
                 promised[name] = float(line.split()[1])
     assert format_duration(promised["broker_promised_makespan_seconds"]) == row_makespan
     assert round(promised["broker_promised_cost_usd"], 2) == row_cost
+
+
+def test_status_shows_the_promise_now_with_its_interval_and_the_first_as_the_others(observed_dry_run, capsys):
+    """`broker status` (human) shows the promise standing now, point and interval, and the first
+    one with the figures of the plan table's chosen row (issue 19, items 3-4)."""
+    out = observed_dry_run.stdout
+    cells = [line for line in out.splitlines() if line.startswith("*  ")][0].split()
+    row_makespan, row_cost = cells[2], _money(cells[3].lstrip("$"))
+    assert main(["status", str(observed_dry_run.run_dir)]) == 0
+    status = capsys.readouterr().out
+    first = re.search(r"^\s+first: makespan (\S+), cost \$([\d,.]+)", status, re.M)
+    assert first, status
+    assert first.group(1).rstrip(",") == row_makespan and _money(first.group(2)) == row_cost
+    last = observed_dry_run.events("plan.solved")[-1]
+    promise = re.search(r"^promise (.*), by plan #(\d+)", status, re.M)
+    if last.get("promise_text"):
+        assert promise and promise.group(1) == last["promise_text"], status
+        assert re.search(r"\(90%: \S+-\S+ \w+\), \$[\d,.]+ \(90%: \$[\d,.]+-\$[\d,.]+\)", promise.group(1)), status
+    else:
+        assert promise is None and "promise no interval yet" in status

@@ -5,6 +5,7 @@ matplotlib both refuse with the extra to install."""
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import struct
 import sys
@@ -109,4 +110,66 @@ def test_report_plot_puts_proposed_with_its_interval_and_delivered_on_the_first_
     deadline = [line for line in ax.lines if line.get_label().startswith("deadline")]
     assert list(deadline[0].get_xdata()) == pytest.approx([5.0, 5.0])  # the fixture's 5m, from the run's start
     assert any(line.get_label() == "delivered" for line in ax.lines)
+    plt.close(fig)
+
+
+def test_report_plot_draws_the_interval_of_the_promise_the_run_made(observed_dry_run, capsys):
+    """Regression: a run's report drew the proposed point without error bars, and printed no
+    `promised` line: a run's promise (its median and interval) sits in the plan's forecast,
+    and the plot read only flat ranges, which no run's plan.solved event has."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from broker.cli.report import draw_report
+
+    with Journal.open(observed_dry_run.run_dir, readonly=True) as journal:
+        report = build(journal, observed_dry_run.run_dir)
+    made = [f["promise"] for f in observed_dry_run.events("plan.solved") if f.get("promise")]
+    assert made, "the run made no promise with an interval"
+    interval = report["first_promise"]
+    assert interval["makespan_s_range"] == made[0]["makespan_s_range"]
+    assert interval["cost_usd_range"] == made[0]["cost_usd_range"]
+    fig, (ax, bars) = plt.subplots(1, 2)
+    draw_report(ax, bars, report, observed_dry_run.run_dir)
+    per = 60.0  # the run lasts minutes
+    bars_drawn = [c for c in ax.containers if getattr(c, "has_xerr", False)]
+    assert bars_drawn, "no error bars on the report's front"
+    # The bars span the promise's interval, on the front's axes (minutes from the run's start).
+    spans = []
+    for container in bars_drawn:
+        for segments in container.lines[2]:
+            for seg in segments.get_segments():
+                spans.append((min(seg[:, 0]), max(seg[:, 0]), min(seg[:, 1]), max(seg[:, 1])))
+    low, high = interval["makespan_s_range"]
+    assert any(lo == pytest.approx(low / per) and hi == pytest.approx(high / per) for lo, hi, _, _ in spans), spans
+    c_low, c_high = interval["cost_usd_range"]
+    assert any(lo == pytest.approx(c_low) and hi == pytest.approx(c_high) for _, _, lo, hi in spans), spans
+    plt.close(fig)
+    assert main(["report", str(observed_dry_run.run_dir)]) == 0
+    # in the words `broker status` and the run's console use for it
+    first = next(f for f in observed_dry_run.events("plan.solved") if f.get("promise"))
+    assert re.search(r"\(90%: \S+-\S+ \w+\), \$[\d.]+ \(90%: \$[\d.]+-\$[\d.]+\)", first["promise_text"])
+    assert f"\n  promised  {first['promise_text']} (" in capsys.readouterr().out
+
+
+def test_a_promise_that_does_not_hold_the_plans_point_is_drawn_at_its_median():
+    """Error bars hung on a point outside their interval would misstate it: the promise is then
+    its own marker (its median, with the interval), and the proposed point has no bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from broker.cli.report import _draw_proposed
+
+    fig, ax = plt.subplots()
+    interval = {"makespan_s": 600.0, "makespan_s_range": [540.0, 700.0], "cost_usd": 1.0,
+                "cost_usd_range": [0.9, 1.2], "confidence": 0.9, "made_at_s": 300.0, "of_first_plan": False}
+    _draw_proposed(ax, {"makespan_s": 480.0, "cost_usd": 1.0}, interval, 60.0)
+    median, proposed = ax.containers
+    assert median.has_xerr and median.has_yerr and not proposed.has_xerr and not proposed.has_yerr
+    assert list(median.lines[0].get_xdata()) == [10.0] and list(proposed.lines[0].get_xdata()) == [8.0]
+    assert "median" in median.get_label() and "first made 5m00s in" in proposed.get_label()
     plt.close(fig)

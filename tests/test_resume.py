@@ -200,16 +200,25 @@ def test_resume_refuses_other_inputs_and_down_releases_the_killed_run(tmp_path, 
     run_id = query(run_dir, "SELECT id FROM run")[0][0]
     assert alive(moto_instances(run_dir, run_id))
 
+    # An edited bag and another goal are resumed (tests/test_resume_edit.py); what remains refused
+    # is what continuing would get wrong, each saying why.
     other = tmp_path / "other.yaml"
-    other.write_text(bag.read_text().replace("k: [1, 2, 3, 4, 5]", "k: [1, 2, 3, 4, 5, 6]"))
-    refused = broker(*run_args(inv, other, run_dir))
-    assert refused.returncode == 2
-    assert "cannot resume run" in refused.stderr and "differs from the one it started with" in refused.stderr
-    assert "Traceback" not in refused.stderr
-    goal = broker("run", "--dry-run", "--yes", "--deadline", "5m", "--tick", "10s", "--inventory", str(inv), str(bag),
-                  "--run-dir", str(run_dir))
-    assert goal.returncode == 2 and "its goal is --deadline 120" in goal.stderr
+    other.write_text(bag.read_text() + "setup: 'true'\n")
+    refusals = {
+        "the bag's setup changed: the run's nodes were set up with the old one": run_args(inv, other, run_dir),
+        "it runs at time scale 60, not 30": run_args(inv, bag, run_dir, "--time-scale", "30"),
+        "so that deadline has passed": ["run", "--dry-run", "--yes", "--deadline", "1s", "--tick", "10s",
+                                        "--inventory", str(inv), str(bag), "--run-dir", str(run_dir)],
+        "so that budget is spent": ["run", "--dry-run", "--yes", "--budget", "0.001", "--tick", "10s",
+                                    "--inventory", str(inv), str(bag), "--run-dir", str(run_dir)],
+    }
+    for why, args in refusals.items():
+        refused = broker(*args)
+        assert refused.returncode == 2 and "cannot resume run" in refused.stderr and why in refused.stderr, \
+            refused.stderr[-2000:]
+        assert "Traceback" not in refused.stderr
     assert query(run_dir, "SELECT state FROM run") == [("running",)]  # untouched by the refusals
+    assert query(run_dir, "SELECT count(*) FROM events WHERE name LIKE 'run.%_changed'") == [(0,)]
 
     first = broker("down", str(run_dir))
     assert first.returncode == 0, first.stdout + first.stderr

@@ -64,6 +64,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def first_promise(plans, start_s: float) -> dict[str, Any] | None:
+    """The first promise with an interval the run made for its goal (the forecast a plan
+    carries: its median and its interval of makespan from the run's start and of cost), with
+    when it was made and whether it is the first plan's (a bag without estimates gets its
+    first after 30 runtimes)."""
+    for k, (at, _, fields) in enumerate(plans):
+        promise = fields.get("promise")
+        if isinstance(promise, dict) and promise.get("makespan_s_range") and promise.get("cost_usd_range"):
+            return {**promise_figures(promise), "made_at_s": round(at - start_s, 3), "of_first_plan": k == 0,
+                    "text": fields.get("promise_text")}  # as `broker status` and the run's console say it
+    return None
+
+
 def deviation_pct(delivered: float | None, planned: float | None) -> float | None:
     if delivered is None or planned is None or planned <= 0:
         return None
@@ -81,7 +94,7 @@ def build(journal: Journal, run_dir: Path, now_s: float | None = None) -> dict[s
     end = record.ended_at_s if record.ended_at_s is not None else now
     status = fig.overview.status
     done_events = journal.events("run.done")
-    first_plans = journal.events("plan.solved")
+    first_plans = journal.goal_plans()  # the promise: the first plan for the run's (last) goal
     first = first_plans[0][2] if first_plans else {}
     planned = {"makespan_s": first.get("makespan_s"), "cost_usd": first.get("cost_usd")}
     if done_events:
@@ -123,6 +136,7 @@ def build(journal: Journal, run_dir: Path, now_s: float | None = None) -> dict[s
         "instances_launched": len(fig.overview.fleet),
         "planned": planned,
         "promise": promise_figures(first) if first else None,
+        "first_promise": first_promise(first_plans, start),
         "delivered": delivered,
         "deviation_pct": deviation,
         "cost_by_type_usd": {k: round(v, 6) for k, v in sorted(by_type.items())},
@@ -133,6 +147,10 @@ def build(journal: Journal, run_dir: Path, now_s: float | None = None) -> dict[s
         "time_scale": float(record.options.get("time_scale", 1.0)),
         "budget_stopped": bool(budget_stops),
         "first_plan": first,
+        # what resumes changed: the bag (kept, new, dropped, redone) and the goal
+        "resumed_with": [text for _, text in sorted(
+            [(at, f["summary"]) for at, _, f in journal.events("run.bag_changed")]
+            + [(at, f"goal {f['before']} -> {f['after']}") for at, _, f in journal.events("run.goal_changed")])],
         "first_plan_at_s": round(first_plans[0][0] - start, 3) if first_plans else None,
         "inventory_path": record.inventory_path,
     }
@@ -277,12 +295,18 @@ def render(report: dict[str, Any]) -> str:
         f"  instances launched: {report['instances_launched']}"
         + ("; budget stop" if report["budget_stopped"] else ""),
     ]
+    lines += [f"  resumed with an edit: {change}" for change in report.get("resumed_with", ())]
     if tasks["left"] > 0:
         lines.insert(4, f"  (no deviation: {tasks['left']} task{'s' if tasks['left'] != 1 else ''} left, so what "
                         "was delivered is not the bag's makespan or cost)")
     promise = report.get("promise") or {}
+    interval = report.get("first_promise")
     if "makespan_s_range" in promise or "cost_usd_range" in promise:
-        lines.insert(2, f"  promised  {promise_text(promise)}")
+        lines.insert(4, f"  promised  {promise_text(promise)}")
+    elif interval:  # the forecast's median and interval (the plan's own figures are "proposed")
+        when = "by the first plan" if interval["of_first_plan"] else \
+            f"first made {format_duration(interval['made_at_s'])} into the run"
+        lines.insert(4, f"  promised  {interval.get('text') or promise_text(interval)} ({when})")
     for name, usd in report["cost_by_type_usd"].items():
         util = report["utilization_by_type"].get(name)
         lines.append(f"  cost {name}: ${usd:.4f}" + (f", utilization {100 * util:.0f}%" if util is not None else ""))
@@ -331,12 +355,7 @@ def draw_report(ax, bars, report: dict[str, Any], run_dir: Path) -> None:
     if view is not None:
         draw_front(ax, view, per=per, mark_chosen=False, label="front of the first plan (steps: least cost by then)")
     if promise.get("makespan_s") is not None and promise.get("cost_usd") is not None:
-        x, y = promise["makespan_s"] / per, promise["cost_usd"]
-        xerr = _error_bar(promise.get("makespan_s_range"), promise["makespan_s"], per)
-        yerr = _error_bar(promise.get("cost_usd_range"), promise["cost_usd"], 1.0)
-        ax.errorbar([x], [y], xerr=xerr, yerr=yerr, fmt="*", color="tab:red", markersize=15, capsize=4,
-                    label="proposed (the promise" + (", its interval)" if xerr is not None or yerr is not None
-                                                     else ")"))
+        _draw_proposed(ax, promise, report.get("first_promise"), per)
     if delivered["makespan_s"] is not None and delivered["cost_usd"] is not None:
         left = report["tasks"]["left"]
         ax.plot([delivered["makespan_s"] / per], [delivered["cost_usd"]], "D", color="tab:green", markersize=9,
@@ -353,6 +372,32 @@ def draw_report(ax, bars, report: dict[str, Any], run_dir: Path) -> None:
     bars.set_ylim(0, 100)
     bars.set_ylabel("utilization (% of slot-time up)")
     bars.set_title("per type", fontsize=9)
+
+
+def _draw_proposed(ax, promise: dict[str, Any], interval: dict[str, Any] | None, per: float) -> None:
+    """The proposed point with the promise's interval as error bars: the plan's own interval
+    when it has one, else the first forecast's (its median drawn too, as a bar, when the
+    plan's point lies outside that interval: the bars then stand around the median)."""
+    x, y = promise["makespan_s"] / per, promise["cost_usd"]
+    xrange, yrange = promise.get("makespan_s_range"), promise.get("cost_usd_range")
+    label = "proposed (the first plan)"
+    if not (xrange or yrange) and interval:
+        xrange, yrange = interval["makespan_s_range"], interval["cost_usd_range"]
+        level = f"{interval['confidence']:.0%} " if interval.get("confidence") else ""
+        label = (f"proposed, with the promise's {level}interval"
+                 + ("" if interval["of_first_plan"] else f" (first made {format_duration(interval['made_at_s'])} in)"))
+        inside = xrange[0] <= promise["makespan_s"] <= xrange[1] and yrange[0] <= promise["cost_usd"] <= yrange[1]
+        if not inside:
+            ax.errorbar([interval["makespan_s"] / per], [interval["cost_usd"]],
+                        xerr=_error_bar(xrange, interval["makespan_s"], per),
+                        yerr=_error_bar(yrange, interval["cost_usd"], 1.0), fmt="o", color="tab:red",
+                        markersize=5, capsize=4, label=f"the promise: its median and {level}interval")
+            xrange = yrange = None
+    elif xrange or yrange:
+        label = "proposed (the promise, its interval)"
+    ax.errorbar([x], [y], xerr=_error_bar(xrange, promise["makespan_s"], per),
+                yerr=_error_bar(yrange, promise["cost_usd"], 1.0), fmt="*", color="tab:red", markersize=15,
+                capsize=5, zorder=5, label=label)  # above the delivered point: its caps stay visible
 
 
 def _error_bar(interval, point: float, per: float):

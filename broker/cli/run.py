@@ -10,9 +10,11 @@ solved, before any money is spent; the first launch asks "Launch N instances (~$
 Exit status: 0 when every task is done, 1 when the run ended with tasks left or failed.
 
 Resume: on a ``--run-dir`` whose journal holds an unfinished run (the daemon was killed, or
-stopped with ``--on-stop leave``), the same command resumes it (``broker/shells/run/resume.py``). The
-bag must be the same file content (its SHA-256 is in the journal), the goal, ``--dry-run``
-and the time scale the same; the run's clock, tick and margin continue from the journal.
+stopped with ``--on-stop leave``), the same command resumes it (``broker/shells/run/resume.py``),
+with the bag, goal and inventory given now: an edited bag is matched with the journal's tasks
+by command, environment and working directory, another goal re-plans; what would make
+continuing wrong is refused (``broker/cli/run_resume.py``). The run's clock, tick and margin
+continue from the journal.
 
 Stop: SIGINT/SIGTERM stop dispatching; ``--on-stop release`` (default) then cancels what
 runs, releases every instance and ends the run ``stopped``; ``--on-stop leave`` leaves the
@@ -194,17 +196,20 @@ def _run_in(args, inventory, bag, goal, run_id: str, run_dir: Path, scale, tick_
             existing = Journal.open(run_dir, readonly=True)
         except JournalError as exc:
             raise UsageError(f"{run_dir}: {exc}") from None
+        from broker.cli.run_resume import prepare_resume
+
         try:
             record = existing.run()
-            instance_types = {i.type_name for i in existing.instances()}
-        finally:
-            existing.close()
-        if record is not None:
-            if record.state != "running":
+            if record is not None and record.state != "running":
                 raise UsageError(f"run {record.id} in {run_dir} already ended ({record.state}); "
                                  "start a new run directory to run again")
-            scale, tick_s, margin_s = _check_resume(args, record, goal, scale, inventory, instance_types, run_dir)
-            return _execute(args, inventory, bag, goal, record.id, run_dir, scale, tick_s, margin_s, resume=record)
+            plan = None if record is None else prepare_resume(args, record, existing, goal, scale, inventory, bag,
+                                                              run_dir)
+        finally:
+            existing.close()
+        if plan is not None:
+            return _execute(args, inventory, plan.bag, goal, record.id, run_dir, plan.scale, plan.tick_s,
+                            plan.margin_s, resume=record, resume_plan=plan)
     return _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_s)
 
 
@@ -271,38 +276,6 @@ def _fault_entries(args, inventory) -> list | None:
     return entries
 
 
-def _check_resume(args, record, goal, scale, inventory, instance_types, run_dir) -> tuple[float, float, float]:
-    """Refuse to resume with inputs other than the run's; return its scale, tick and margin."""
-    from broker.shells.journal import file_sha256
-
-    how = f"resume it with the same inputs, or `broker down {run_dir}` and start a new run directory"
-    sha = file_sha256(args.bag)
-    if record.bag_sha256 is not None and sha != record.bag_sha256:
-        raise UsageError(f"cannot resume run {record.id} in {run_dir}: the bag {args.bag} differs from the one "
-                         f"it started with ({record.bag_path}; sha256 {sha[:12]}... now, "
-                         f"{record.bag_sha256[:12]}... then): {how}")
-    options = record.options
-    if bool(options.get("dry_run")) != bool(args.dry_run):
-        then = "a dry run" if options.get("dry_run") else "a live run"
-        raise UsageError(f"cannot resume run {record.id} in {run_dir}: it is {then}; "
-                         f"{'add' if options.get('dry_run') else 'drop'} --dry-run")
-    kind = "theta" if goal.kind == "none" else goal.kind
-    value = 1.0 if goal.kind == "none" else goal.value
-    if kind != record.goal_kind or (value is not None and record.goal_value is not None
-                                    and abs(float(value) - float(record.goal_value)) > 1e-9):
-        raise UsageError(f"cannot resume run {record.id} in {run_dir}: its goal is --{record.goal_kind} "
-                         f"{record.goal_value:g}, not --{kind} {value:g}: {how}")
-    run_scale = float(options.get("time_scale", scale))
-    if args.time_scale is not None and abs(args.time_scale - run_scale) > 1e-9:
-        raise UsageError(f"cannot resume run {record.id} in {run_dir}: it runs at time scale {run_scale:g}, "
-                         f"not {args.time_scale:g}")
-    missing = sorted(instance_types - {t.name for t in inventory.types})
-    if missing:
-        raise UsageError(f"cannot resume run {record.id} in {run_dir}: its instances are of type(s) "
-                         f"{', '.join(missing)}, which {args.inventory} no longer lists: {how}")
-    return run_scale, float(options.get("tick_s", 60.0)), float(options.get("margin_s", 120.0))
-
-
 def _resume_clock(record, scale: float, journal_latest_s: float | None):
     """The run clock continued: run time kept passing (and billing) while no daemon ran."""
     import time
@@ -316,7 +289,8 @@ def _resume_clock(record, scale: float, journal_latest_s: float | None):
     return RunClock(scale, offset_s=max(0.0, elapsed), epoch_anchor_s=anchor)
 
 
-def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_s, resume=None) -> int:
+def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_s, resume=None,
+             resume_plan=None) -> int:
     import structlog
 
     server_process = None
@@ -352,7 +326,12 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
         journal = stack.enter_context(Journal.open(run_dir, clock=clock.now_s, anchor_s=clock.epoch_anchor_s))
         if crash is not None:
             journal = CrashingJournal(journal, crash)
-        _set_up_journal(journal, args, bag, goal, run_id, clock, scale, tick_s, margin_s, fresh=resume is None)
+        if resume_plan is None:
+            _set_up_journal(journal, args, bag, goal, run_id, clock, scale, tick_s, margin_s)
+        else:  # an edited bag, a changed goal (a journal left with no tasks gets them here)
+            from broker.cli.run_resume import record_resume
+
+            record_resume(journal, resume_plan, args, goal)
         report, out = _run_daemon(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_s, resume,
                                   journal, clock, fleet)
         state["left"] = report.state == "left"
@@ -479,24 +458,23 @@ def _run_daemon(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, marg
         reader.close()
 
 
-def _set_up_journal(journal, args, bag, goal, run_id, clock, scale, tick_s, margin_s, *, fresh: bool) -> None:
-    """The run's row and its tasks, in one transaction (a kill leaves both or neither). A
-    journal left with a run and no tasks (by a broker before this was one step) gets them now."""
-    if fresh:
-        journal.create_run(
-            run_id, goal_kind="theta" if goal.kind == "none" else goal.kind,
-            goal_value=1.0 if goal.kind == "none" else goal.value,
-            budget_usd=goal.value if goal.kind == "budget" else None,
-            deadline_s=goal.value if goal.kind == "deadline" else None,
-            retries=bag.retries, inventory_path=os.path.abspath(args.inventory),
-            bag_path=os.path.abspath(args.bag),
-            # cwd: where the inventory's relative key paths are read from (broker down, elsewhere)
-            options={"dry_run": args.dry_run, "time_scale": scale, "tick_s": tick_s, "margin_s": margin_s,
-                     "epoch_anchor_s": clock.epoch_anchor_s, "cwd": os.getcwd(), "ec2": args.ec2},
-            tasks=bag.tasks,
-        )
-    elif journal.status()["tasks"]["total"] == 0:
-        journal.add_tasks(bag.tasks)
+def _set_up_journal(journal, args, bag, goal, run_id, clock, scale, tick_s, margin_s) -> None:
+    """The run's row and its tasks, in one transaction (a kill leaves both or neither), with
+    what the tasks run with besides their command (a resume matches an edited bag by it)."""
+    from broker.shells.run.bagedit import task_context
+
+    journal.create_run(
+        run_id, goal_kind="theta" if goal.kind == "none" else goal.kind,
+        goal_value=1.0 if goal.kind == "none" else goal.value,
+        budget_usd=goal.value if goal.kind == "budget" else None,
+        deadline_s=goal.value if goal.kind == "deadline" else None,
+        retries=bag.retries, inventory_path=os.path.abspath(args.inventory),
+        bag_path=os.path.abspath(args.bag),
+        # cwd: where the inventory's relative key paths are read from (broker down, elsewhere)
+        options={"dry_run": args.dry_run, "time_scale": scale, "tick_s": tick_s, "margin_s": margin_s,
+                 "epoch_anchor_s": clock.epoch_anchor_s, "cwd": os.getcwd(), "ec2": args.ec2},
+        tasks=bag.tasks, task_context=task_context(bag),
+    )
 
 
 def load_samples(path: str, bag, bag_path: str):

@@ -49,7 +49,7 @@ class RunConsole:
         self.resumed = resumed
         self.budget_usd = float(goal.value) if goal.kind == "budget" else None
         self.deadline_s = float(goal.value) if goal.kind == "deadline" else None
-        self.plan_shown = resumed and journal is not None and bool(journal.events("plan.solved"))
+        self.plan_shown = resumed and journal is not None and bool(journal.goal_plans())
         self.board = ProgressBoard(self.out) if is_terminal(self.out) else None
         self._eta = ""
         self._eta_at = -1e9

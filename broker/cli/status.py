@@ -17,7 +17,7 @@ so this is safe while the daemon writes.
   ``running`` run with none (left with ``--on-stop leave``, or killed) says so, with the command
   that resumes it and the one that releases it;
 - ``--json``: exactly one JSON object (:func:`status_document`): ``Journal.status()``'s
-  ``{"tasks": {"total", "done", "running", "failed", "left"}, "instances": {"running",
+  ``{"tasks": {"total", "done", "running", "failed", "left", "dropped"}, "instances": {"running",
   "terminated"}, "committed_usd", "budget_usd"}`` plus ``run`` (id, dir, state, phase, goal,
   time scale, elapsed_s), ``daemon`` (attached, pid), ``plan`` (the last: seq, made_at_s,
   makespan_s, cost_usd, fleet, reason), ``promise`` (the first plan, the one confirmed:
@@ -47,7 +47,7 @@ from typing import Mapping
 
 from broker.cli import UsageError
 from broker.core.units import format_duration, parse_duration
-from broker.cli.terminal import goal_text
+from broker.cli.terminal import goal_text, promise_text
 from broker.shells.journal import JOURNAL_FILE, Journal, JournalError, Overview, RunRecord
 from broker.shells.metrics import CONFIDENCE_Z, Figures, anchor_s, figures, interval_level, run_now_s
 from broker.shells.logging import json_safe
@@ -212,7 +212,7 @@ def render(view: View, run_dir: Path) -> str:
         f"  running {tasks['running']}  failed {tasks['failed']}  left {tasks['left']}"
     )
     states = overview.task_states
-    extra = [f"{name} {states[name]}" for name in ("sampling", "quarantined", "cancelled") if states[name]]
+    extra = [f"{name} {states[name]}" for name in ("sampling", "quarantined", "cancelled", "dropped") if states[name]]
     if extra:
         lines.append("       (" + ", ".join(extra) + ")")
     spend = f"spend  ${status['committed_usd']:.2f} committed"
@@ -222,6 +222,7 @@ def render(view: View, run_dir: Path) -> str:
         spend += f" of ${budget:.2f} budget{share}, ${max(0.0, budget - status['committed_usd']):.2f} left"
     lines.append(spend)
     lines.append(_plan_line(overview))
+    lines.extend(_promise_lines(view))
     if run is not None and run.state == "running":
         lines.extend(_eta_lines(view))
     lines.extend(_fleet_lines(view))
@@ -283,10 +284,25 @@ def _plan_line(overview: Overview) -> str:
         parts.append(f"cost ${plan.cost_usd:.2f}")
     if plan.confidence is not None:
         parts.append(f"confidence {100 * plan.confidence:.0f}%")
-    text = (plan.chosen or {}).get("promise_text") if isinstance(plan.chosen, dict) else None
-    if text:
-        parts.append(f"promise: {text}")
     return ", ".join(parts)
+
+
+def _promise_lines(view: View) -> list[str]:
+    """The promise standing now (the last plan's forecast: the point and the interval of the
+    makespan from the run's start and of the cost, as ``status --json``'s ``promise_now``),
+    then the first one (the plan confirmed: the figures of the plan table, the launch
+    question, the report's "proposed" column and the metrics; ``promise`` in ``--json``)."""
+    fig = view.figures
+    plan = fig.overview.last_plan
+    if plan is None:
+        return []
+    chosen = plan.chosen if isinstance(plan.chosen, dict) else {}
+    text = chosen.get("promise_text")
+    lines = [f"promise {text}, by plan #{plan.seq} (from the run's start)" if text else
+             "promise no interval yet: a bag without estimates gets its first promise after 30 runtimes"]
+    if fig.promise:
+        lines.append(f"        first: {promise_text(fig.promise)} (the plan confirmed; the report's proposed)")
+    return lines
 
 
 def _eta_lines(view: View) -> list[str]:
@@ -366,6 +382,8 @@ def status_document(journal: Journal, run_dir: Path, wall_now_s: float) -> dict:
     fig, overview = view.figures, view.overview
     run, start = overview.run, anchor_s(overview.run)
     document = dict(overview.status)
+    # tasks a resume dropped from an edited bag (kept in the journal, counted in no total)
+    document["tasks"] = {**document["tasks"], "dropped": overview.task_states.get("dropped", 0)}
     document["run"] = None if run is None else {
         "id": run.id, "dir": str(run_dir), "state": run.state, "phase": phase_of(run, overview),
         "goal": {"kind": run.goal_kind, "value": run.goal_value}, "time_scale": view.time_scale,

@@ -110,6 +110,12 @@ CATALOGUE: dict[str, EventSpec] = {
         _spec("run.resume", "`broker run` resumed an unfinished run from its journal",
               "run_dir at_s tasks done failed pending reattached requeued adopted terminated committed_usd "
               "time_scale"),
+        _spec("run.bag_changed", "a resume found the bag edited: tasks matched by command, environment and working "
+              "directory are kept, new and changed ones run, removed ones are dropped (kept in the journal); "
+              "redone: new tasks whose command a kept task has done already",
+              "summary kept kept_done new dropped redone new_tasks dropped_tasks"),
+        _spec("run.goal_changed", "a resume was given another goal: the run re-plans for it, and its next plan is "
+              "the promise", "before after"),
         _spec("run.down", "`broker down` released a run (journal only)", "terminated failed"),
         _spec("run.report", "the final report as one object (debug level)",
               "run_id state tasks samples instances_launched makespan_s cost_usd cloud_cost_usd "
@@ -191,7 +197,7 @@ for _name in ("ssh.connect", "ssh.disconnect", "ssh.error", "ssh.host_key_truste
 # always shown; the rest (each task's start and end, each SSH session, each EC2 call) only
 # at --log-level debug. events.jsonl always holds every event.
 CONSOLE_EVENTS = frozenset((
-    "run.start", "run.resume", "run.stop", "run.left", "run.done", "run.disk_full", "run.disk_full_released",
+    "run.start", "run.resume", "run.bag_changed", "run.goal_changed", "run.stop", "run.left", "run.done", "run.disk_full", "run.disk_full_released",
     "plan.solved", "decision.notes", "budget.stop", "metrics.serving",
     "instance.launch", "instance.launch_failed", "instance.ready", "instance.terminated",
     "instance.terminate_failed", "instance.type_avoided", "instance.type_broken", "instance.stray_terminated",

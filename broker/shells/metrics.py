@@ -109,7 +109,7 @@ def figures(journal: Journal, now_s: float) -> Figures:
     planned = overview.last_plan.makespan_s if overview.last_plan is not None else None
     planned_usd = overview.last_plan.cost_usd if overview.last_plan is not None else None
     low = expected = mean = None
-    plans = journal.events("plan.solved")
+    plans = journal.goal_plans()  # made for the run's goal (a resume may have changed it)
     promise = promise_of(plans[0][2]) if plans else None
     if plans:
         at, _, f = plans[-1]

@@ -111,6 +111,7 @@ class TaskState(StrEnum):
     FAILED = "failed"  # out of retries
     QUARANTINED = "quarantined"  # poison: failed everywhere, or killed its nodes
     CANCELLED = "cancelled"  # given up without running (a stop for the budget)
+    DROPPED = "dropped"  # removed from the bag by a resume after an edit (its history is kept)
 
 
 # Task states that are given up: no attempt will be made again.

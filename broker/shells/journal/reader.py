@@ -15,6 +15,8 @@ from broker.core.control.ledger import AttemptRow, InstanceRow, JournalRows, Tas
 
 from .base import JournalBase
 from .schema import (
+    GOAL_SINCE_PLAN,
+    TASK_CONTEXT,
     TASK_STATES,
     ActionRecord,
     InstanceRecord,
@@ -56,6 +58,38 @@ class JournalReader(JournalBase):
         return RunRecord(row[0], self._out(row[1]), self._out(row[2]), *row[3:9], json.loads(row[9]),  # type: ignore[misc]
                          *row[10:])
 
+    # -- the bag a resume matches an edited bag against -------------------------------------
+    def meta(self, key: str) -> str | None:
+        with self._read() as db:
+            return self._meta(db, key)
+
+    @staticmethod
+    def _meta(db: sqlite3.Connection, key: str) -> str | None:
+        row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def task_context(self) -> dict[str, Any] | None:
+        """What the bag's tasks ran with besides their command (``env``, ``workdir``, ``setup``),
+        as recorded when the run started or its bag was last edited; None in a journal written
+        before it was recorded."""
+        text = self.meta(TASK_CONTEXT)
+        return None if text is None else json.loads(text)
+
+    def live_tasks(self) -> list[tuple[str, str, str]]:
+        """``(id, command, state)`` of every task of the bag (not dropped), in bag order."""
+        with self._read() as db:
+            return db.execute("SELECT id, command, state FROM tasks WHERE state <> 'dropped' ORDER BY rowid").fetchall()
+
+    def task_ids(self) -> set[str]:
+        """Every task id the journal holds, dropped ones included (ids are never reused)."""
+        with self._read() as db:
+            return {r[0] for r in db.execute("SELECT id FROM tasks")}
+
+    def private_node_costs(self) -> dict[str, float]:
+        """Each private node the run has had, with the cost per hour it is billed at."""
+        with self._read() as db:
+            return dict(db.execute("SELECT name, cost_per_hour FROM private_nodes"))
+
     # -- tasks and attempts ----------------------------------------------------------------
     def pending_tasks(self) -> list[PendingTask]:
         """Tasks waiting for a slot, in bag order; ``next_attempt`` is the number their next
@@ -78,7 +112,8 @@ class JournalReader(JournalBase):
         with self._read() as db:
             run = self._run_row(db)
             tasks = [TaskRow(*row) for row in db.execute(
-                "SELECT id, state, attempts, failures, done_attempt, sample_order, note FROM tasks ORDER BY rowid")]
+                "SELECT id, state, attempts, failures, done_attempt, sample_order, note FROM tasks"
+                " WHERE state <> 'dropped' ORDER BY rowid")]  # dropped: no longer the bag's
             attempts = [
                 AttemptRow(t, a, node, self._out(start), self._out(end), outcome, runtime, code, bool(timed), error)
                 for t, a, node, start, end, outcome, runtime, code, timed, error in db.execute(
@@ -168,9 +203,12 @@ class JournalReader(JournalBase):
                           reason)
 
     def first_plan(self) -> PlanRecord | None:
-        """The run's first adopted plan (what a resumed run reports its delivery against)."""
+        """The run's first adopted plan (what a resumed run reports its delivery against); after
+        a resume that changed the goal, the first plan made for the new goal."""
         with self._read() as db:
-            return self._plan(db.execute(f"SELECT {_PLAN_COLUMNS} FROM plans ORDER BY seq LIMIT 1").fetchone())
+            since = self._meta(db, GOAL_SINCE_PLAN)
+            return self._plan(db.execute(f"SELECT {_PLAN_COLUMNS} FROM plans WHERE seq > ? ORDER BY seq LIMIT 1",
+                                         (int(since or 0),)).fetchone())
 
     def last_plan(self) -> PlanRecord | None:
         with self._read() as db:
@@ -187,6 +225,13 @@ class JournalReader(JournalBase):
             query, args = query + " WHERE name = ?", (name,)
         with self._read() as db:
             return [(self._out(at), n, json.loads(f)) for at, n, f in db.execute(query + " ORDER BY seq", args)]
+
+    def goal_plans(self) -> list[tuple[float, str, dict[str, Any]]]:
+        """The ``plan.solved`` events made for the run's goal: those since the last resume
+        that changed it (``run.goal_changed``), all of them otherwise. The first is the promise."""
+        changes = self.events("run.goal_changed")
+        since = changes[-1][0] if changes else -float("inf")
+        return [e for e in self.events("plan.solved") if e[0] >= since]
 
     def done_since(self, since_s: float) -> int:
         """Tasks whose counted attempt ended at or after ``since_s``: the recent pace ``broker
@@ -213,7 +258,7 @@ class JournalReader(JournalBase):
             return self._status(db, now, self._task_states(db))
 
     def _status(self, db: sqlite3.Connection, now_stored: float, states: Mapping[str, int]) -> dict[str, Any]:
-        total = sum(states.values())
+        total = sum(states.values()) - states[TaskState.DROPPED]  # dropped: edited out of the bag
         done = states[TaskState.DONE]
         failed = states[TaskState.FAILED] + states[TaskState.QUARANTINED]
         alive, terminated = db.execute(

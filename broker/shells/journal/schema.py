@@ -33,6 +33,11 @@ TASK_STATES = tuple(s.value for s in TaskState)  # ("pending", "sampling", ..., 
 ATTEMPT_OUTCOMES = tuple(o.value for o in AttemptOutcome)
 INSTANCE_STATES = ("pending", "running", "terminating", "terminated", "unknown")
 RUN_STATES = ("running", "finished", "stopped")
+# meta keys: the tasks' context besides their command (JSON: env, workdir, setup), for a resume
+# that matches an edited bag's tasks (broker/shells/run/bagedit.py); the last plan made before
+# a resume changed the goal (the promise is the first plan after it).
+TASK_CONTEXT = "task_context"
+GOAL_SINCE_PLAN = "goal_since_plan_seq"
 
 _SCHEMA = f"""
 CREATE TABLE meta (

@@ -20,6 +20,8 @@ from broker.core.model import Task
 from .reader import JournalReader
 from .schema import (
     GOAL_KINDS,
+    GOAL_SINCE_PLAN,
+    TASK_CONTEXT,
     INSTANCE_STATES,
     AttemptResult,
     JournalError,
@@ -60,6 +62,7 @@ class Journal(JournalReader):
         options: Mapping[str, Any] | None = None,
         at_s: float | None = None,
         tasks: Iterable[Task] = (),
+        task_context: Mapping[str, Any] | None = None,
     ) -> RunRecord:
         """Record the run's identity and goal, and its ``tasks``, in one transaction: a kill
         at any moment leaves either no run or a run with all its tasks. The input files are
@@ -92,6 +95,8 @@ class Journal(JournalReader):
                 ),
             )
             self._insert_tasks(db, tasks)
+            if task_context is not None:
+                self._set_meta(db, TASK_CONTEXT, _json(dict(task_context)))
         record = self.run()
         assert record is not None
         return record
@@ -124,6 +129,43 @@ class Journal(JournalReader):
             return cur.rowcount
         except sqlite3.IntegrityError as exc:
             raise JournalError(f"task ids must be unique within a run: {exc}") from exc
+
+    def apply_bag_edit(self, *, drop: Iterable[str], add: Iterable[Task], task_context: Mapping[str, Any],
+                       bag_path: str | Path, reason: str, at_s: float | None = None) -> None:
+        """A resume's edited bag, in one step: the tasks no longer in it are ``dropped`` (their
+        rows and attempts stay, with what they were in the note; an attempt still running is
+        cancelled), the new ones added, and the bag's file and context recorded for the next
+        resume."""
+        now = self._now(at_s)
+        with self._write() as db:
+            for task_id in drop:
+                row = db.execute("SELECT state, done_attempt FROM tasks WHERE id = ?", (task_id,)).fetchone()
+                if row is None or row[0] == TaskState.DROPPED:
+                    continue
+                was = row[0] + (f", attempt {row[1]} counted" if row[1] is not None else "")
+                db.execute("UPDATE attempts SET outcome = 'cancelled', ended_at = ?, error = ?"
+                           " WHERE task_id = ? AND outcome = 'running'", (now, reason, task_id))
+                db.execute("UPDATE tasks SET state = 'dropped', done_attempt = NULL, note = ? WHERE id = ?",
+                           (f"{reason} (was {was})", task_id))
+            self._insert_tasks(db, add)
+            self._set_meta(db, TASK_CONTEXT, _json(dict(task_context)))
+            db.execute("UPDATE run SET bag_path = ?, bag_sha256 = ?", (str(bag_path), file_sha256(bag_path)))
+
+    def change_goal(self, *, goal_kind: str, goal_value: float | None, budget_usd: float | None,
+                    deadline_s: float | None) -> None:
+        """A resume with another goal: the run's goal becomes it, and the promise (the first
+        plan, :meth:`first_plan`) is the first plan made from now on."""
+        if goal_kind not in GOAL_KINDS:
+            raise JournalError(f"goal kind must be one of {', '.join(GOAL_KINDS)}, got {goal_kind!r}")
+        with self._write() as db:
+            db.execute("UPDATE run SET goal_kind = ?, goal_value = ?, budget_usd = ?, deadline_s = ?",
+                       (goal_kind, goal_value, budget_usd, deadline_s))
+            last = db.execute("SELECT coalesce(max(seq), 0) FROM plans").fetchone()[0]
+            self._set_meta(db, GOAL_SINCE_PLAN, str(last))
+
+    @staticmethod
+    def _set_meta(db: sqlite3.Connection, key: str, value: str) -> None:
+        db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
 
     def set_estimates(self, estimates_s: Iterable[tuple[str, float | None]]) -> None:
         """Store the daemon's current estimate (reference seconds) of each given task."""
