@@ -3,6 +3,9 @@
 - hedge later: at a deadline, buy for the work's point value (lean allowance) while the upper
   value can still be covered by capacity bought at the next re-plan; buy the hedge now when it
   cannot wait.
+- an allowance that cannot be met buys no more than the deadline needs: when no plan meets the
+  planning deadline (the user's pulled in by the tail allowance) or it has passed, the cheapest
+  plan by the user's own deadline, not the fastest plan.
 """
 
 from __future__ import annotations
@@ -37,3 +40,48 @@ def test_the_hedge_is_bought_now_when_it_cannot_wait():
     # the plan for it is bought at once
     assert launches(_first_plan(284, slow_limit=1)).get("slow", 0) == 1
     assert launches(_first_plan(276, slow_limit=1)) == {"eff": 2}
+
+
+# -- an allowance that cannot be met buys no more than the deadline needs -------------------
+def _near_boundary(memory_deadline_s: float):
+    """Ten speed-1 instances paid to 3,600 s (released 120 s before), at t = 3,000 s; 60 tasks
+    of 100 ref-s left (6,000 ref-s: 1,200 more than the fleet has before its releases). The
+    user's deadline is 4,000 s; the planning deadline, pulled in by a tail allowance, is
+    ``memory_deadline_s``."""
+    from builders import node, observations, planned_memory, pool
+
+    from broker.core.plan import Plan
+
+    nodes = [node(f"i-{k}") for k in range(10)]
+    snap = snapshot(now_s=3000.0, nodes=nodes, pending=pool([(f"p{k}", 100.0) for k in range(60)]),
+                    observations=observations(60, 100.0))
+    memory = planned_memory(3000.0, memory_deadline_s, tail_allowance_s=4000.0 - memory_deadline_s,
+                            last_plan_at_s=2100.0, planned_makespan_s=4000.0,
+                            last_plan=Plan(makespan_s=1900.0, cost_usd=1.0, fleet={"m": 10}))
+    return snap, memory
+
+
+def _extended(d) -> int:
+    from builders import releases
+
+    return sum(at > 3600.0 for at, _ in releases(d).values())
+
+
+def test_a_passed_planning_deadline_extends_only_what_the_users_deadline_needs():
+    # the planning deadline (2,000 s) has passed: the fastest plan extended every instance into
+    # its second hour (thesis LM20 at List's makespan: 55 instances for 14 s of work); the
+    # cheapest plan by the user's deadline extends the few the remainder needs
+    from builders import decide
+
+    snap, memory = _near_boundary(2000.0)
+    d = decide(snap, goal=Goal("deadline", 4000.0), memory=memory)
+    assert 1 <= _extended(d) <= 5 and launches(d) == {}
+
+
+def test_an_unreachable_planning_deadline_extends_only_what_the_users_deadline_needs():
+    # the planning deadline (3,400 s) is still ahead but no plan meets it
+    from builders import decide
+
+    snap, memory = _near_boundary(3400.0)
+    d = decide(snap, goal=Goal("deadline", 4000.0), memory=memory)
+    assert 1 <= _extended(d) <= 5 and launches(d) == {}
