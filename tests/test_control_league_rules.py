@@ -6,6 +6,8 @@
 - an allowance that cannot be met buys no more than the deadline needs: when no plan meets the
   planning deadline (the user's pulled in by the tail allowance) or it has passed, the cheapest
   plan by the user's own deadline, not the fastest plan.
+- a paid slot re-runs a task rather than a whole billing unit keeping it: with nothing pending,
+  a task at its instance's release is left to a slot that stays (dispatch.RerunSlots).
 """
 
 from __future__ import annotations
@@ -85,3 +87,32 @@ def test_an_unreachable_planning_deadline_extends_only_what_the_users_deadline_n
     snap, memory = _near_boundary(3400.0)
     d = decide(snap, goal=Goal("deadline", 4000.0), memory=memory)
     assert 1 <= _extended(d) <= 5 and launches(d) == {}
+
+
+# -- a paid slot re-runs a task rather than a whole billing unit keeping it -----------------
+def _task_at_release(b_paid_until_s: float | None):
+    """Instance a (paid to 3,600 s, released at 3,480 s) runs a task of 1,000 ref-s started at
+    3,000 s (expected end 4,000 s); nothing is pending; now 3,400 s. Instance b, idle, is paid to
+    ``b_paid_until_s`` (None: no b)."""
+    from builders import decide, node, running
+
+    nodes = [node("a", running=[running("t1", 3000.0, estimate_ref_s=1000.0)])]
+    if b_paid_until_s is not None:
+        nodes.append(node("b", paid_until_s=b_paid_until_s))
+    snap = snapshot(now_s=3400.0, nodes=nodes, pending=0, tasks_done=10)
+    return decide(snap, goal=Goal("deadline", 4 * 3600.0))
+
+
+def test_a_task_at_its_release_is_rerun_on_a_paid_idle_slot_instead_of_a_new_unit():
+    # b is paid to 7,200 s and idle: re-running the task there (1,000 s from the next decision)
+    # costs nothing; keeping a costs another hour
+    from builders import releases
+
+    assert "a" not in releases(_task_at_release(7200.0))
+
+
+def test_a_task_at_its_release_keeps_its_instance_when_no_paid_slot_can_rerun_it():
+    from builders import releases
+
+    assert releases(_task_at_release(None))["a"][0] > 3600.0  # kept another unit
+    assert releases(_task_at_release(4500.0))["a"][0] > 3600.0  # b leaves too soon
