@@ -116,3 +116,29 @@ def test_a_task_at_its_release_keeps_its_instance_when_no_paid_slot_can_rerun_it
 
     assert releases(_task_at_release(None))["a"][0] > 3600.0  # kept another unit
     assert releases(_task_at_release(4500.0))["a"][0] > 3600.0  # b leaves too soon
+
+
+def test_thesis_lm20_at_lists_makespan_costs_no_more_than_list():
+    # issue 15's league, LM20 --quick (2,000 tasks, estimates within 10%, seed 1): List_eta on the
+    # 41 efficient machines takes 1.11 h for $33.36; given that makespan as its deadline the broker
+    # used to run the fastest plan once the tail allowance could not be met, keeping all 55
+    # instances a second hour for 14 s of work ($45.64)
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    from scenarios import LeagueScenario
+
+    from broker.core.control.controller import ControllerConfig
+    from broker.sim.engine import SimOptions, Simulation
+
+    scn = LeagueScenario("LM20", "thesis", "LM", 2000, 20)
+
+    def simulate(goal, **config):
+        return Simulation(scn.inventory(), scn.workload(1), goal, ControllerConfig(tick_s=scn.tick_s, **config),
+                          SimOptions(seed=1)).run()
+
+    listed = simulate(Goal("none", None), policy="list", eta=41)
+    broker = simulate(Goal("deadline", round(listed.makespan_s, 1)))
+    assert broker.tasks_done == 2000 and broker.makespan_s <= round(listed.makespan_s, 1)
+    assert broker.cost_usd <= 1.01 * listed.cost_usd, (broker.cost_usd, listed.cost_usd)
