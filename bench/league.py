@@ -97,6 +97,7 @@ class Result:
     launched: int = 0
     sim_wall_s: float = math.nan
     error: str | None = None
+    first_launch_s: float = math.nan  # when the first instance was launched (after sampling, without estimates)
 
     @property
     def complete(self) -> bool:
@@ -121,7 +122,8 @@ def run(spec: Spec) -> Result:
     except Exception as exc:  # a failing run is a row, not the end of the report
         return Result(spec, error=f"{type(exc).__name__}: {exc}")
     return Result(spec, r.makespan_s, r.cost_usd, r.max_committed_usd, r.tasks_done, r.tasks_total,
-                  r.instances_launched, r.sim_wall_s)
+                  r.instances_launched, r.sim_wall_s, first_launch_s=min((t for t, _, _ in r.fleet_changes),
+                                                                          default=math.nan))
 
 
 # -- bounds --------------------------------------------------------------------------------------
@@ -134,6 +136,7 @@ class Bounds:
     knee: object  # the front's last printed point (on the estimates, or the true work without them)
     first: object  # the front's first point
     floor_usd: float
+    efficient_s: float = math.nan  # the least time of the true work on List's efficient machines alone
     cache: dict = field(default_factory=dict)
 
     def fluid(self, inv, makespan_s: float) -> float:
@@ -166,7 +169,23 @@ def bounds_for(scn: sc.LeagueScenario, seed: int) -> Bounds:
     prices = [t.price_per_hour / 3600.0 / t.capacity_per_s for t in inv.types if t.limit > 0]
     prices += [p.cost_per_hour / 3600.0 / p.capacity_per_s for p in inv.private]
     return Bounds(true, cat.fastest_horizon_s(true.total_ref_s), front.points[-1], front.points[0],
-                  true.total_ref_s * min(prices))
+                  true.total_ref_s * min(prices), efficient_fastest_s(inv, true))
+
+
+def efficient_fastest_s(inv, work: Work) -> float:
+    """The least time the true work takes on the machines List_eta runs on (those within 5% of
+    the best work per dollar, ``_efficient_machine_count``), boot delays included, no allowance:
+    a deadline at a baseline's makespan near it leaves a plan on them no room for a hedge."""
+    from broker.core.plan.capacity import Catalogue
+
+    effs = [t.efficiency for t in inv.types if t.limit > 0]
+    effs += [math.inf if p.cost_per_hour <= 0 else p.capacity_per_s * 3600 / p.cost_per_hour for p in inv.private]
+    best = max(effs)
+    types = tuple(t if t.efficiency >= best * 0.95 else replace(t, limit=0) for t in inv.types)
+    private = tuple(p for p in inv.private
+                    if p.cost_per_hour <= 0 or p.capacity_per_s * 3600 / p.cost_per_hour >= best * 0.95)
+    cat = Catalogue.build(types, private, work, (), 0.0, PlanOptions(phi_s=0.0, tail_task_fraction=0.0))
+    return cat.fastest_horizon_s(work.total_ref_s)
 
 
 # -- the runs ----------------------------------------------------------------------------------
@@ -319,7 +338,9 @@ def versus_goals(scn, b: Bounds, base: Result, at_budget: Result | None, at_dead
         ok = at_budget.complete and not over and at_budget.makespan_s <= 1.02 * base.makespan_s
         goals.append(f"{verdict(ok)} {name} at its cost {usd(base.cost_usd)}: broker {outcome(at_budget)}, "
                      f"makespan {at_budget.makespan_s / base.makespan_s:.3f} x (goal <= 1.02)"
-                     + (", OVER BUDGET" if over else ""))
+                     + (", OVER BUDGET" if over else "")
+                     + ("" if ok else f"; that budget is {base.cost_usd / b.floor_usd:.3f} x the cost floor "
+                        f"{usd(b.floor_usd)} (the true work on the most efficient machine, no allowance)"))
     if at_deadline is not None:
         met = at_deadline.complete and at_deadline.makespan_s <= base.makespan_s + 1e-6
         ok = met and at_deadline.cost_usd <= 1.01 * base.cost_usd
@@ -329,6 +350,13 @@ def versus_goals(scn, b: Bounds, base: Result, at_budget: Result | None, at_dead
         if not met and base.makespan_s < b.fastest_s * 1.02:
             line += (f"; the baseline's makespan is within 2% of the fastest plan for the true work "
                      f"({hours(b.fastest_s)}), below what a plan at confidence can promise")
+        elif not ok and math.isfinite(b.efficient_s):
+            line += (f"; it is {base.makespan_s / b.efficient_s:.3f} x the least time the true work takes on the "
+                     f"efficient machines alone ({hours(b.efficient_s)}, no allowance): the slack a hedge at "
+                     f"90% confidence may use before it buys less efficient machines")
+            if at_deadline.first_launch_s > 0:
+                line += (f"; the broker launched its first instance at {hours(at_deadline.first_launch_s)} "
+                         f"(sampling {ControllerConfig().min_samples} runtimes on the private node first: no estimates)")
         goals.append(line)
 
 
