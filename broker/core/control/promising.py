@@ -13,6 +13,9 @@ snapshot supports, handed to :func:`broker.core.plan.promise.forecast`.
   sd of actual/estimate, 15% until 10 have ended) and the correction ratio's standard error.
 - **Cap.** No task runs past the bag's timeout; without one, past 4x the longest runtime
   seen (what a running task older than every runtime seen is assumed to need at most).
+- **Budget.** A budget (the goal's, or a cap next to a deadline) is a hard cap: the
+  forecast keeps paid machines within their releases and holds every cost to it; a
+  replicate that cannot finish within it stops with work left (``Promise.stop_share``).
 - **Spend so far.** The forecast charges live instances from their launch, so only what
   terminated instances cost is added: committed spend less the live ones' charges.
 """
@@ -25,6 +28,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..plan.promise import Forecast, Machine, Pending, RuntimeLaw, forecast
+from .budget import budget_of
 from .estimates import PRIOR_WEIGHT, RemainingWork
 from .snapshot import Snapshot
 
@@ -109,7 +113,8 @@ def forecast_fleet(ctl, snap: Snapshot, rem: RemainingWork, now: float, releases
                     replicates=ctl.config.promise_replicates if replicates is None else replicates,
                     fit_ref_s=fit, horizon_at_s=horizon_at_s, keep_margin=keep,
                     end_allowance_s=ctl.planner.options.phi_s, tail_ref_s=tail_ref_s,
-                    deadline_at_s=snap.started_at_s + float(ctl.goal.value) if ctl.goal.kind == "deadline" else None)
+                    deadline_at_s=snap.started_at_s + float(ctl.goal.value) if ctl.goal.kind == "deadline" else None,
+                    budget_usd=budget_of(ctl, snap))
 
 
 TAIL_RISK_SHARE = 0.1  # of delta: the high quantile a task started near a deadline must fit

@@ -102,6 +102,10 @@ class Promise:
     makespan_s_range: tuple[float, float] | None = None
     cost_usd_range: tuple[float, float] | None = None
     why: str | None = None  # what made this promise (first plan, re-plan and its cause)
+    # Under a budget: the cap (no cost promised above it) and the share of forecasts in
+    # which the budget stops the run with work left (the run then exits 1).
+    budget_usd: float | None = None
+    stop_share: float = 0.0
 
     def to_json(self) -> dict:
         def rng(r, digits):
@@ -113,14 +117,15 @@ class Promise:
             "makespan_s_range": rng(self.makespan_s_range, 1),
             "cost_usd": round(float(self.cost_usd), 4),
             "cost_usd_range": rng(self.cost_usd_range, 4),
-        }
+        } | ({} if self.budget_usd is None else {"budget_usd": self.budget_usd,
+                                                  "stop_share": round(float(self.stop_share), 4)})
 
     def text(self) -> str:
         """``done in 19.6 h (90%: 18.9-20.0 h), $231 (90%: $219-$246)``."""
         pct = f"{100 * self.confidence:g}%"
         hours = self.makespan_s >= 3600 * 2
         unit, div = ("h", 3600.0) if hours else ("min", 60.0)
-        t = f"done in {self.makespan_s / div:.1f} {unit}"
+        t = f"{'ends' if self.stop_share > 0 else 'done'} in {self.makespan_s / div:.1f} {unit}"
         if self.makespan_s_range is not None:
             lo, hi = self.makespan_s_range
             t += f" ({pct}: {lo / div:.1f}-{hi / div:.1f} {unit})"
@@ -128,6 +133,9 @@ class Promise:
         if self.cost_usd_range is not None:
             lo, hi = self.cost_usd_range
             t += f" ({pct}: ${lo:,.2f}-${hi:,.2f})"
+        if self.stop_share > 0:
+            t += (f"; the budget of ${self.budget_usd:,.2f} may stop the run with work left "
+                  f"({100 * self.stop_share:.0f}% of forecasts; exit 1)")
         return t
 
     def holds(self, makespan_s: float, cost_usd: float) -> tuple[bool, bool]:
@@ -178,6 +186,8 @@ class Forecast:
     running_ends_s: np.ndarray | None = None
     elapsed_s: float = 0.0  # the forecast's moment, from the run's start
     spent_usd: float = 0.0  # what is already spent for good (terminated instances)
+    budget_usd: float | None = None  # the cap every cost is held to (None: no budget)
+    stopped: np.ndarray | None = None  # per replicate: the budget stops the run with work left
 
     def makespan_quantile(self, q: float) -> float:
         return float(np.quantile(self.makespans_s, q))
@@ -194,15 +204,17 @@ class Forecast:
         lo, hi = (1 - confidence) / 2, 1 - (1 - confidence) / 2
         m, c = self.makespans_s, self.costs_usd
 
-        def band(x, base):
+        def band(x, base, cap=math.inf):
             a, b = float(np.quantile(x, lo)), float(np.quantile(x, hi))
-            return a - tolerance * max(a - base, 0.0), b + tolerance * max(b - base, 0.0)
+            return min(a - tolerance * max(a - base, 0.0), cap), min(b + tolerance * max(b - base, 0.0), cap)
 
+        cap = math.inf if self.budget_usd is None else self.budget_usd  # a budget is a hard cap
         return Promise(
             confidence=confidence,
-            makespan_s=float(np.median(m)), cost_usd=float(np.median(c)),
-            makespan_s_range=band(m, self.elapsed_s), cost_usd_range=band(c, self.spent_usd),
-            why=why,
+            makespan_s=float(np.median(m)), cost_usd=min(float(np.median(c)), cap),
+            makespan_s_range=band(m, self.elapsed_s), cost_usd_range=band(c, self.spent_usd, cap),
+            why=why, budget_usd=self.budget_usd,
+            stop_share=0.0 if self.stopped is None else float(np.mean(self.stopped)),
         )
 
 
@@ -235,6 +247,7 @@ def forecast(
     end_allowance_s: float = 300.0,
     deadline_at_s: float | None = None,
     tail_ref_s: float | None = None,
+    budget_usd: float | None = None,
 ) -> Forecast:
     """Simulate the rest of the run ``replicates`` times; see the module docstring.
 
@@ -248,6 +261,8 @@ def forecast(
     capacity as the controller does, less ``end_allowance_s`` and half a mean task (``shed.py``).
     ``deadline_at_s``, ``tail_ref_s``: the dispatcher's straggler rule: a slot slower than
     the fastest takes no task once ``tail_ref_s`` would not end there by the deadline.
+    ``budget_usd``: a hard cap: no instance works past its release, work left goes to the
+    private nodes or stays undone (the run stops, exit 1), no cost exceeds the cap.
     """
     R = int(replicates)
     slots = _slot_table(machines)
@@ -280,15 +295,22 @@ def forecast(
         slow = speed < speed.max(axis=1, keepdims=True)
         cutoff = deadline_at_s - max(tail_ref_s - fit_u, 0.0) / speed
         rel = np.where(slow, np.minimum(rel, cutoff), rel)
-    free, rel = _after_bulk(work, bulk.size > 0, rel, laws, speed, busy, rng)
+    extend = budget_usd is None  # under a budget nothing paid runs past its release
+    free, rel = _after_bulk(work, bulk.size > 0, rel, laws, speed, busy, rng, extend)
     fit = np.where(np.isnan(tail), fit_u, tail)
-    ends, last_start, last_ref = _list_schedule(free, rel, speed, x, fit)
+    ends, last_start, last_ref, undone = _list_schedule(free, rel, speed, x, fit, extend)
     ends = _replicate_last(ends, last_start, last_ref, speed, fit_u)
     makespan = np.max(np.where(np.isfinite(ends), ends, -np.inf), axis=1)
     makespan = np.maximum(makespan, now_s)
     cost = spent_usd + _charges(machines, slots, ends, makespan, planned_rel, started_at_s)
     running = np.where(np.isfinite(busy), busy, -np.inf).max(axis=1) - started_at_s
-    return Forecast(makespan - started_at_s, cost, fallbacks, running, now_s - started_at_s, spent_usd)
+    stopped = None
+    if budget_usd is not None:  # the controller stops what the budget cannot pay for: a task
+        # past a paid release is cancelled there, and runs again on a private node if any
+        stopped = (undone > 0) | ((cost > budget_usd + 1e-9) & ~any(mc.is_private for mc in machines))
+        cost = np.minimum(cost, budget_usd)
+    return Forecast(makespan - started_at_s, cost, fallbacks, running, now_s - started_at_s, spent_usd,
+                    budget_usd, stopped)
 
 
 def _slot_table(machines: Sequence[Machine]) -> dict[str, np.ndarray]:
@@ -369,8 +391,11 @@ def _bulk_work(sizes: np.ndarray, laws: _Replicas, ratio, rng) -> np.ndarray:
     return np.maximum(total, 0.0)
 
 
-def _after_bulk(work: np.ndarray, any_bulk: bool, rel: np.ndarray, laws: _Replicas, speed, busy, rng):
-    """(free, release), each (R, m): the slots' state when the bulk's work is handed out."""
+def _after_bulk(work: np.ndarray, any_bulk: bool, rel: np.ndarray, laws: _Replicas, speed, busy, rng,
+                extend: bool = True):
+    """(free, release), each (R, m): the slots' state when the bulk's work is handed out.
+    ``extend`` False (a budget): no slot works past its release; a replicate whose bulk
+    outlasts every paid slot and has no private one stops with every slot closed."""
     R, m = speed.shape
     if not any_bulk:
         return busy, rel
@@ -381,12 +406,16 @@ def _after_bulk(work: np.ndarray, any_bulk: bool, rel: np.ndarray, laws: _Replic
     # slots are still open decides whose remainder counts).
     residual_ref = laws.draw_residual(rng, m)
     residual = residual_ref / speed
-    t_b, extended = _fluid_end(work, busy, stop, speed)
+    t_b, extended = _fluid_end(work, busy, stop, speed, extend)
     for _ in range(2):
         active = (busy < t_b[:, None]) & ((t_b[:, None] < stop) | extended[:, None])
-        t_b, extended = _fluid_end(np.maximum(work - (residual_ref * active).sum(axis=1), 0.0), busy, stop, speed)
+        t_b, extended = _fluid_end(np.maximum(work - (residual_ref * active).sum(axis=1), 0.0), busy, stop, speed,
+                                   extend)
     active = (busy < t_b[:, None]) & ((t_b[:, None] < stop) | extended[:, None])
     free = np.where(busy >= t_b[:, None], busy, np.where(active, t_b[:, None] + residual, np.inf))
+    if not extend:  # closed slots worked to their stop and take nothing more
+        closed = ~np.isfinite(free)
+        return np.where(closed, np.maximum(busy, np.minimum(stop, t_b[:, None])), free), np.where(closed, -np.inf, rel)
     # No slot left in its window (the bulk ended exactly at the last release): as extended.
     extended = extended | ~np.isfinite(free).any(axis=1)
     free = np.where(extended[:, None] & ~np.isfinite(free), t_b[:, None] + residual, free)
@@ -394,7 +423,7 @@ def _after_bulk(work: np.ndarray, any_bulk: bool, rel: np.ndarray, laws: _Replic
     return free, rel
 
 
-def _fluid_end(work: np.ndarray, busy: np.ndarray, stop: np.ndarray, speed: np.ndarray):
+def _fluid_end(work: np.ndarray, busy: np.ndarray, stop: np.ndarray, speed: np.ndarray, extend: bool = True):
     """(t_b, extended): when the fleet's fluid capacity reaches ``work`` (per replicate).
     A replicate whose work exceeds everything the fleet offers before its releases keeps
     every slot on past them (``extended``)."""
@@ -407,7 +436,7 @@ def _fluid_end(work: np.ndarray, busy: np.ndarray, stop: np.ndarray, speed: np.n
     full = capacity(horizon)
     # More work than the fleet offers by its releases: the controller keeps it on (re-plans
     # extend or buy), not the private nodes alone.
-    extended = (work > full) & ~unbounded
+    extended = (work > full) & ~unbounded & extend
     lo = busy.min(axis=1)
     hi = horizon + np.maximum(work - full, 0.0) / np.maximum(speed.min(axis=1), 1e-12) + 1.0
     for _ in range(40):  # the bracket is at most days wide: 40 halvings leave microseconds
@@ -415,29 +444,38 @@ def _fluid_end(work: np.ndarray, busy: np.ndarray, stop: np.ndarray, speed: np.n
         short = capacity(mid) < work
         lo, hi = np.where(short, mid, lo), np.where(short, hi, mid)
     t_b = np.where(extended, horizon + (work - full) / speed.sum(axis=1), hi)
+    if not extend:  # paid slots close at their stops; without a private one the run stops there
+        t_b = np.where((work > full) & np.isfinite(stop).all(axis=1), horizon, t_b)
     return t_b, extended
 
 
-def _list_schedule(free: np.ndarray, rel: np.ndarray, speed: np.ndarray, x: np.ndarray, fit: np.ndarray):
+def _list_schedule(free: np.ndarray, rel: np.ndarray, speed: np.ndarray, x: np.ndarray, fit: np.ndarray,
+                   extend: bool = True):
     """List scheduling of the tail tasks in order, vectorised over the replicates: each goes
     to the slot free first among those where it fits before the release (``fit`` its
-    assumed size), else to the slot free first (an extension). Returns each slot's last
-    end, and the start and reference size of its last task."""
+    assumed size), else to the slot free first (an extension; without ``extend``, a budget,
+    to a private slot, or nowhere: the task stays undone). Returns each slot's last end,
+    the start and reference size of its last task, and the tasks left undone per replicate."""
     free = free.copy()
     rows = np.arange(free.shape[0])
     last_start = np.full(free.shape, -np.inf)
     last_ref = np.zeros(free.shape)
+    undone = np.zeros(free.shape[0], dtype=int)
+    private = np.isposinf(rel)  # only private slots have no release (a closed slot's is -inf)
     for k in range(x.shape[1]):
         fits = free + fit[k] / speed <= rel
         avail = np.where(fits, free, np.inf)
         j = np.argmin(avail, axis=1)
         none = ~np.isfinite(avail[rows, j])
         if none.any():
-            j = np.where(none, np.argmin(free, axis=1), j)
-        last_start[rows, j] = free[rows, j]
-        last_ref[rows, j] = x[:, k]
-        free[rows, j] = free[rows, j] + x[:, k] / speed[rows, j]
-    return free, last_start, last_ref
+            j = np.where(none, np.argmin(free if extend else np.where(private, free, np.inf), axis=1), j)
+        ok = np.isfinite(free[rows, j]) & (extend | ~none | private[rows, j])
+        undone += ~ok
+        r, j = rows[ok], j[ok]
+        last_start[r, j] = free[r, j]
+        last_ref[r, j] = x[ok, k]
+        free[r, j] = free[r, j] + x[ok, k] / speed[r, j]
+    return free, last_start, last_ref, undone
 
 
 def _replicate_last(free, last_start, last_ref, speed, overdue_ref: float, rounds: int = 3) -> np.ndarray:
