@@ -26,9 +26,10 @@ seconds, ``n_o`` the runtimes it was estimated from):
   exponential remainder (``law.py``), flagged in ``Forecast.fallbacks``;
 - **boot delays and billing rounding** are carried out exactly: a slot starts at its ready
   time; an instance is charged by its billing model from launch to
-  ``max(e_i, min(r_i, M))``, with ``e_i`` its last task's end and ``M`` the end of the bag
-  (a task that runs past the planned release keeps its instance, the bag's end releases
-  everything);
+  ``max(e_i, min(r_i, M, e_i + d))``, with ``e_i`` its last task's end, ``M`` the end of
+  the bag and ``d`` the controller's surplus delay (a task that runs past the planned
+  release keeps its instance; an instance idle at the bag's end is shed at its billing
+  boundary once its surplus has lasted ``d``; the bag's end releases everything);
 - **speed calibration**: optionally each machine's speed is scaled by
   ``exp(N(0, speed_rel_sd^2))`` per replicate (0 when speeds are measured).
 
@@ -86,6 +87,8 @@ __all__ = ["Forecast", "HeldDeadline", "Machine", "Pending", "Promise", "Runtime
 REPLICATES = 200
 TAIL_SLOTS_FACTOR = 3  # tasks scheduled one by one at the end: this many per slot
 EXACT_BULK_DRAWS = 100_000  # below this many draws the bulk is summed exactly (else the CLT)
+IDLE_RELEASE_S = 600.0  # an instance idle at the bag's end is shed once its surplus lasted this long
+# (ControllerConfig.scale_down_after_s, its default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -504,7 +507,8 @@ def _replicate_last(free, last_start, last_ref, speed, overdue_ref: float, round
 def _charges(machines, slots, ends: np.ndarray, makespan: np.ndarray, rel: np.ndarray,
              started_at_s: float) -> np.ndarray:
     """(R,) what every machine costs: instances from launch to max(last end, min(release,
-    end of bag)), billed by their model; private nodes at their hourly rate over the run."""
+    end of bag, last end + IDLE_RELEASE_S)), billed by their model; private nodes at their
+    hourly rate over the run."""
     R = ends.shape[0]
     total = np.zeros(R)
     finite_ends = np.where(np.isfinite(ends), ends, -np.inf)
@@ -515,7 +519,7 @@ def _charges(machines, slots, ends: np.ndarray, makespan: np.ndarray, rel: np.nd
         mine = slots["machine"] == i
         last = finite_ends[:, mine].max(axis=1)
         release = rel[:, np.argmax(mine)]
-        until = np.maximum(last, np.minimum(release, makespan))
+        until = np.maximum(last, np.minimum(np.minimum(release, makespan), last + IDLE_RELEASE_S))
         total += _billed_s(mc.billing, until - mc.launched_at_s) / 3600.0 * mc.price_per_hour
     return total
 
