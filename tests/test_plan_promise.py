@@ -217,3 +217,17 @@ def test_an_instance_idle_at_the_bags_end_is_not_charged_to_the_end(monkeypatch)
     p = forecast(m, law, Pending(2), now_s=0.0, rng=np.random.default_rng(1)).promise(0.9)
     assert p.makespan_s == pytest.approx(18_000.0)
     assert p.cost_usd == pytest.approx(5.0 + 1.0)
+
+
+def test_an_instance_that_works_to_its_release_is_charged_to_it():
+    # A per-second instance released at 3,000 s next to a free one kept all day, and a bag
+    # far larger than the first one's window: it works until its release (its slot has no
+    # last end of its own in the forecast's fluid phase) and costs 3,000 s, not the billing
+    # minimum (the idle-release rule once charged it 60 s).
+    per_s = dict(launched_at_s=0.0, billing=Billing.per_second())
+    m = [Machine(1, 1.0, 0.0, release_at_s=86_400.0, price_per_hour=0.0, **per_s),
+         Machine(1, 1.0, 0.0, release_at_s=3000.0, price_per_hour=3.6, **per_s)]
+    law = RuntimeLaw.parametric(10.0, 0.0, estimate_rel_sd=0.0, ratio_rel_se=0.0)
+    p = forecast(m, law, Pending(2000), now_s=0.0, rng=np.random.default_rng(1)).promise(0.9)
+    assert p.cost_usd == pytest.approx(3.0, rel=0.01)
+    assert p.makespan_s == pytest.approx(2000 * 10.0 - 3000.0, rel=0.01)

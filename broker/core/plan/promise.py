@@ -519,7 +519,9 @@ def _charges(machines, slots, ends: np.ndarray, makespan: np.ndarray, rel: np.nd
         mine = slots["machine"] == i
         last = finite_ends[:, mine].max(axis=1)
         release = rel[:, np.argmax(mine)]
-        until = np.maximum(last, np.minimum(np.minimum(release, makespan), last + IDLE_RELEASE_S))
+        # a machine whose slots all worked to their stop (no finite end) is kept to its release
+        idle_until = np.where(np.isfinite(last), last + IDLE_RELEASE_S, np.inf)
+        until = np.maximum(last, np.minimum(np.minimum(release, makespan), idle_until))
         total += _billed_s(mc.billing, until - mc.launched_at_s) / 3600.0 * mc.price_per_hour
     return total
 
