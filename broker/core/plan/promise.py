@@ -307,13 +307,18 @@ def forecast(
     makespan = np.maximum(makespan, now_s)
     cost = spent_usd + _charges(machines, slots, ends, makespan, planned_rel, started_at_s)
     running = np.where(np.isfinite(busy), busy, -np.inf).max(axis=1) - started_at_s
-    stopped = None
-    if budget_usd is not None:  # the controller stops what the budget cannot pay for: a task
-        # past a paid release is cancelled there, and runs again on a private node if any
-        stopped = (undone > 0) | ((cost > budget_usd + 1e-9) & ~any(mc.is_private for mc in machines))
-        cost = np.minimum(cost, budget_usd)
+    cost, stopped = _capped(cost, undone, budget_usd, machines)
     return Forecast(makespan - started_at_s, cost, fallbacks, running, now_s - started_at_s, spent_usd,
                     budget_usd, stopped)
+
+
+def _capped(cost: np.ndarray, undone: np.ndarray, budget_usd: float | None, machines):
+    """(cost, stopped) under a budget: the controller stops what the budget cannot pay for (a
+    task past a paid release is cancelled there, and runs again on a private node if any)."""
+    if budget_usd is None:
+        return cost, None
+    stopped = (undone > 0) | ((cost > budget_usd + 1e-9) & ~any(mc.is_private for mc in machines))
+    return np.minimum(cost, budget_usd), stopped
 
 
 def _slot_table(machines: Sequence[Machine]) -> dict[str, np.ndarray]:
