@@ -63,3 +63,7 @@ def test_total_spend_never_exceeds_the_budget(sc):
     r = Simulation(inv, wl, Goal("budget", budget), cfg, SimOptions(seed=seed, max_virtual_s=2 * 86400.0)).run()
     assert r.max_committed_usd <= budget + 1e-9, (r.max_committed_usd, budget)
     assert r.cost_usd <= budget + 1e-6, (r.cost_usd, r.cloud_cost_usd, r.private_cost_usd, budget)
+    # and no promise made on the way promised more than the budget (the cap is said instead)
+    for _, _, _, p in r.promise_log:
+        assert p.cost_usd <= budget + 1e-9 and (p.cost_usd_range is None or p.cost_usd_range[1] <= budget + 1e-9), \
+            (p.text(), budget)

@@ -88,3 +88,21 @@ def test_a_simulated_run_promises_at_its_first_plan_and_keeps_refreshing():
     assert len(r.promise_log) >= 2 and r.promise_log[-1][3].why.startswith("re-plan")
     lo, hi = r.promise.makespan_s_range
     assert lo <= r.promise.makespan_s <= hi and r.promise.cost_usd_range[0] <= r.promise.cost_usd
+
+
+def test_the_forecast_keeps_what_the_buying_rule_keeps():
+    """The controller plans for the work's point value and buys the hedge later (hedge_later,
+    and a cost-first goal likewise): a replicate keeps its work plus the hysteresis floor,
+    not the upper value's band (which charged capacity the controller sheds, and promised
+    LM with estimates within 10% 2.7-2.8% above what it delivered). Without the rule the
+    controller covers the upper value, and the forecast keeps between the two."""
+    from broker.core.control.estimates import RemainingWork
+    from broker.core.control.promising import keep_margin
+
+    rem = RemainingWork(point_ref_s=1e6, upper_ref_s=1.3e6, mean_ref_s=600.0, sd_ref_s=600.0, pending=1600,
+                        running=10, estimate_ratio=1.0)
+    floor = ControllerConfig().hysteresis_min
+    assert keep_margin(Controller(Goal("deadline", DEADLINE_S)), rem) == floor
+    assert keep_margin(Controller(Goal("none", None)), rem) == floor
+    lo, hi = keep_margin(Controller(Goal("deadline", DEADLINE_S), ControllerConfig(hedge_later=False)), rem)
+    assert lo == floor and hi == pytest.approx(1.3 * 1.2 - 1)

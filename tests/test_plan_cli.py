@@ -119,3 +119,15 @@ def test_deadline_is_held_at_the_confidence_or_refused_with_what_can_be_promised
     assert rc == 1
     assert "cannot be promised with 90% confidence" in captured.err
     assert obj["promise"]["makespan_s"] > 0
+
+
+def test_a_budget_plans_promise_stays_within_the_budget(inventory, capsys):
+    # 400 tasks of 30 min with a sd as large (about 200 h of work) on $8: the plan spends
+    # nearly all of it; the promise's cost never goes past it (the private node runs what the
+    # budget cannot buy, so no forecast stops with work left), and it says which budget.
+    rc = main(["plan", "--inventory", inventory, "--tasks", "400", "--mean-runtime", "30m", "--runtime-sd", "30m",
+               "--budget", "8", "--json"])
+    assert rc == 0
+    p = json.loads(capsys.readouterr().out)["promise"]
+    assert p["cost_usd"] <= 8 and p["cost_usd_range"][1] <= 8
+    assert p["budget_usd"] == 8 and p["stop_share"] == 0.0

@@ -2,7 +2,8 @@
 the (1 - delta) interval holds what is delivered in about 1 - delta of seeded repetitions.
 
 The "truth" here is an independent list scheduler (a heap of slot free times) run on fresh
-runtimes from the true distribution, with instances billed from launch to the bag's end.
+runtimes from the true distribution, with instances billed from launch until the bag's end
+or, idle at the end, until the controller's surplus delay has passed.
 """
 
 import heapq
@@ -41,8 +42,11 @@ def truth(machines, runtimes):
         if mc.billing is None:
             cost += mc.price_per_hour * makespan / 3600
         else:
-            cost += mc.billing.cost_usd(max(ends.get(i, 0.0), min(mc.release_at_s, makespan)) - mc.launched_at_s,
-                                        mc.price_per_hour)
+            # released at its planned time, at the bag's end, or once idle at the end for
+            # the controller's surplus delay (fleet.py), whichever comes first
+            last = ends.get(i, 0.0)
+            until = max(last, min(mc.release_at_s, makespan, last + P.IDLE_RELEASE_S))
+            cost += mc.billing.cost_usd(until - mc.launched_at_s, mc.price_per_hour)
     return makespan, cost
 
 
@@ -198,3 +202,32 @@ def test_promise_text_and_json():
     assert j["confidence"] == 0.9 and j["makespan_s_range"] == [68040.0, 72000.0] and j["cost_usd"] == 231.0
     assert p.holds(19.0 * 3600, 240.0) == (True, True)
     assert p.holds(21.0 * 3600, 250.0) == (False, False)
+
+
+def test_an_instance_idle_at_the_bags_end_is_not_charged_to_the_end(monkeypatch):
+    # One instance runs a 5-hour task (an estimate, no error); another runs the bag's two
+    # 10-minute tasks and is idle after 20 minutes. The controller sheds an idle instance at
+    # its billing boundary once its surplus has lasted IDLE_RELEASE_S: it costs one hour, not
+    # five (charged to the bag's end, the promise's cost came out above every delivered one).
+    monkeypatch.setattr(P, "TAIL_SLOTS_FACTOR", 10_000)
+    hourly = dict(price_per_hour=1.0, launched_at_s=0.0, billing=Billing.hourly())
+    m = [Machine(1, 1.0, 0.0, release_at_s=1e9, running=((0.0, 18_000.0),), **hourly),
+         Machine(1, 1.0, 0.0, release_at_s=1e9, **hourly)]
+    law = RuntimeLaw.parametric(600.0, 0.0, estimate_rel_sd=0.0, ratio_rel_se=0.0)
+    p = forecast(m, law, Pending(2), now_s=0.0, rng=np.random.default_rng(1)).promise(0.9)
+    assert p.makespan_s == pytest.approx(18_000.0)
+    assert p.cost_usd == pytest.approx(5.0 + 1.0)
+
+
+def test_an_instance_that_works_to_its_release_is_charged_to_it():
+    # A per-second instance released at 3,000 s next to a free one kept all day, and a bag
+    # far larger than the first one's window: it works until its release (its slot has no
+    # last end of its own in the forecast's fluid phase) and costs 3,000 s, not the billing
+    # minimum (the idle-release rule once charged it 60 s).
+    per_s = dict(launched_at_s=0.0, billing=Billing.per_second())
+    m = [Machine(1, 1.0, 0.0, release_at_s=86_400.0, price_per_hour=0.0, **per_s),
+         Machine(1, 1.0, 0.0, release_at_s=3000.0, price_per_hour=3.6, **per_s)]
+    law = RuntimeLaw.parametric(10.0, 0.0, estimate_rel_sd=0.0, ratio_rel_se=0.0)
+    p = forecast(m, law, Pending(2000), now_s=0.0, rng=np.random.default_rng(1)).promise(0.9)
+    assert p.cost_usd == pytest.approx(3.0, rel=0.01)
+    assert p.makespan_s == pytest.approx(2000 * 10.0 - 3000.0, rel=0.01)

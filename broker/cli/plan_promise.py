@@ -56,7 +56,8 @@ def promise_for(args, types, private, work, goal, chosen: Plan | None, confidenc
     def predict(plan: Plan):
         horizon = plan.horizon_s if goal is None or goal.kind != "budget" else 0.0
         return forecast(machines_of_plan(types, private, plan), law, pending, now_s=0.0, rng=rng,
-                        horizon_at_s=horizon if horizon > 0 else None)
+                        horizon_at_s=horizon if horizon > 0 else None,
+                        budget_usd=float(goal.value) if goal is not None and goal.kind == "budget" else None)
 
     if goal is not None and goal.kind == "deadline":
         def solve(h: float):

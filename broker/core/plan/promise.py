@@ -26,9 +26,10 @@ seconds, ``n_o`` the runtimes it was estimated from):
   exponential remainder (``law.py``), flagged in ``Forecast.fallbacks``;
 - **boot delays and billing rounding** are carried out exactly: a slot starts at its ready
   time; an instance is charged by its billing model from launch to
-  ``max(e_i, min(r_i, M))``, with ``e_i`` its last task's end and ``M`` the end of the bag
-  (a task that runs past the planned release keeps its instance, the bag's end releases
-  everything);
+  ``max(e_i, min(r_i, M, e_i + d))``, with ``e_i`` its last task's end, ``M`` the end of
+  the bag and ``d`` the controller's surplus delay (a task that runs past the planned
+  release keeps its instance; an instance idle at the bag's end is shed at its billing
+  boundary once its surplus has lasted ``d``; the bag's end releases everything);
 - **speed calibration**: optionally each machine's speed is scaled by
   ``exp(N(0, speed_rel_sd^2))`` per replicate (0 when speeds are measured).
 
@@ -50,8 +51,8 @@ slot free first, as the controller would extend or buy; this replicate then over
 The controller's own rules, carried out per replicate. With a planning deadline ``H``
 (every goal but a budget) it sheds the capacity the replicate's work does not need by ``H``
 (whole billing units, the instance leaving first pulled in furthest, a ``keep_margin``
-kept), or keeps its instances on up to ``H`` when the work needs more (:func:`_shed`,
-:func:`_lengthen`). Near a user's deadline a slot slower than the fastest takes no task
+kept), or keeps its instances on up to ``H`` when the work needs more (``shed.py``).
+Near a user's deadline a slot slower than the fastest takes no task
 whose high quantile (``tail_ref_s``) would end after the deadline there. Tail
 replication: a task still running past its assumed size (the fit size, F's 90% quantile)
 is copied to a free slot more than twice as fast and the first result wins; applied to
@@ -79,12 +80,15 @@ import numpy as np
 from ..billing import Billing
 from .hold import HeldDeadline, hold_deadline
 from .law import RuntimeLaw, _Replicas
+from .shed import shed as _shed
 
 __all__ = ["Forecast", "HeldDeadline", "Machine", "Pending", "Promise", "RuntimeLaw", "forecast", "hold_deadline"]
 
 REPLICATES = 200
 TAIL_SLOTS_FACTOR = 3  # tasks scheduled one by one at the end: this many per slot
 EXACT_BULK_DRAWS = 100_000  # below this many draws the bulk is summed exactly (else the CLT)
+IDLE_RELEASE_S = 600.0  # an instance idle at the bag's end is shed once its surplus lasted this long
+# (ControllerConfig.scale_down_after_s, its default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +105,10 @@ class Promise:
     makespan_s_range: tuple[float, float] | None = None
     cost_usd_range: tuple[float, float] | None = None
     why: str | None = None  # what made this promise (first plan, re-plan and its cause)
+    # Under a budget: the cap (no cost promised above it) and the share of forecasts in
+    # which the budget stops the run with work left (the run then exits 1).
+    budget_usd: float | None = None
+    stop_share: float = 0.0
 
     def to_json(self) -> dict:
         def rng(r, digits):
@@ -112,14 +120,15 @@ class Promise:
             "makespan_s_range": rng(self.makespan_s_range, 1),
             "cost_usd": round(float(self.cost_usd), 4),
             "cost_usd_range": rng(self.cost_usd_range, 4),
-        }
+        } | ({} if self.budget_usd is None else {"budget_usd": self.budget_usd,
+                                                  "stop_share": round(float(self.stop_share), 4)})
 
     def text(self) -> str:
         """``done in 19.6 h (90%: 18.9-20.0 h), $231 (90%: $219-$246)``."""
         pct = f"{100 * self.confidence:g}%"
         hours = self.makespan_s >= 3600 * 2
         unit, div = ("h", 3600.0) if hours else ("min", 60.0)
-        t = f"done in {self.makespan_s / div:.1f} {unit}"
+        t = f"{'ends' if self.stop_share > 0 else 'done'} in {self.makespan_s / div:.1f} {unit}"
         if self.makespan_s_range is not None:
             lo, hi = self.makespan_s_range
             t += f" ({pct}: {lo / div:.1f}-{hi / div:.1f} {unit})"
@@ -127,6 +136,9 @@ class Promise:
         if self.cost_usd_range is not None:
             lo, hi = self.cost_usd_range
             t += f" ({pct}: ${lo:,.2f}-${hi:,.2f})"
+        if self.stop_share > 0:
+            t += (f"; the budget of ${self.budget_usd:,.2f} may stop the run with work left "
+                  f"({100 * self.stop_share:.0f}% of forecasts; exit 1)")
         return t
 
     def holds(self, makespan_s: float, cost_usd: float) -> tuple[bool, bool]:
@@ -177,6 +189,8 @@ class Forecast:
     running_ends_s: np.ndarray | None = None
     elapsed_s: float = 0.0  # the forecast's moment, from the run's start
     spent_usd: float = 0.0  # what is already spent for good (terminated instances)
+    budget_usd: float | None = None  # the cap every cost is held to (None: no budget)
+    stopped: np.ndarray | None = None  # per replicate: the budget stops the run with work left
 
     def makespan_quantile(self, q: float) -> float:
         return float(np.quantile(self.makespans_s, q))
@@ -193,15 +207,17 @@ class Forecast:
         lo, hi = (1 - confidence) / 2, 1 - (1 - confidence) / 2
         m, c = self.makespans_s, self.costs_usd
 
-        def band(x, base):
+        def band(x, base, cap=math.inf):
             a, b = float(np.quantile(x, lo)), float(np.quantile(x, hi))
-            return a - tolerance * max(a - base, 0.0), b + tolerance * max(b - base, 0.0)
+            return min(a - tolerance * max(a - base, 0.0), cap), min(b + tolerance * max(b - base, 0.0), cap)
 
+        cap = math.inf if self.budget_usd is None else self.budget_usd  # a budget is a hard cap
         return Promise(
             confidence=confidence,
-            makespan_s=float(np.median(m)), cost_usd=float(np.median(c)),
-            makespan_s_range=band(m, self.elapsed_s), cost_usd_range=band(c, self.spent_usd),
-            why=why,
+            makespan_s=float(np.median(m)), cost_usd=min(float(np.median(c)), cap),
+            makespan_s_range=band(m, self.elapsed_s), cost_usd_range=band(c, self.spent_usd, cap),
+            why=why, budget_usd=self.budget_usd,
+            stop_share=0.0 if self.stopped is None else float(np.mean(self.stopped)),
         )
 
 
@@ -234,6 +250,7 @@ def forecast(
     end_allowance_s: float = 300.0,
     deadline_at_s: float | None = None,
     tail_ref_s: float | None = None,
+    budget_usd: float | None = None,
 ) -> Forecast:
     """Simulate the rest of the run ``replicates`` times; see the module docstring.
 
@@ -244,9 +261,11 @@ def forecast(
     the capacity its work does not need by then with a ``keep_margin`` (a pair: uniform
     between the two in each replicate, for a controller whose margin narrows as it learns),
     counting a slot's
-    capacity as the controller does, less ``end_allowance_s`` and half a mean task (:func:`_shed`).
+    capacity as the controller does, less ``end_allowance_s`` and half a mean task (``shed.py``).
     ``deadline_at_s``, ``tail_ref_s``: the dispatcher's straggler rule: a slot slower than
     the fastest takes no task once ``tail_ref_s`` would not end there by the deadline.
+    ``budget_usd``: a hard cap: no instance works past its release, work left goes to the
+    private nodes or stays undone (the run stops, exit 1), no cost exceeds the cap.
     """
     R = int(replicates)
     slots = _slot_table(machines)
@@ -279,81 +298,27 @@ def forecast(
         slow = speed < speed.max(axis=1, keepdims=True)
         cutoff = deadline_at_s - max(tail_ref_s - fit_u, 0.0) / speed
         rel = np.where(slow, np.minimum(rel, cutoff), rel)
-    free, rel = _after_bulk(work, bulk.size > 0, rel, laws, speed, busy, rng)
+    extend = budget_usd is None  # under a budget nothing paid runs past its release
+    free, rel = _after_bulk(work, bulk.size > 0, rel, laws, speed, busy, rng, extend)
     fit = np.where(np.isnan(tail), fit_u, tail)
-    ends, last_start, last_ref = _list_schedule(free, rel, speed, x, fit)
+    ends, last_start, last_ref, undone = _list_schedule(free, rel, speed, x, fit, extend)
     ends = _replicate_last(ends, last_start, last_ref, speed, fit_u)
     makespan = np.max(np.where(np.isfinite(ends), ends, -np.inf), axis=1)
     makespan = np.maximum(makespan, now_s)
     cost = spent_usd + _charges(machines, slots, ends, makespan, planned_rel, started_at_s)
     running = np.where(np.isfinite(busy), busy, -np.inf).max(axis=1) - started_at_s
-    return Forecast(makespan - started_at_s, cost, fallbacks, running, now_s - started_at_s, spent_usd)
+    cost, stopped = _capped(cost, undone, budget_usd, machines)
+    return Forecast(makespan - started_at_s, cost, fallbacks, running, now_s - started_at_s, spent_usd,
+                    budget_usd, stopped)
 
 
-def _shed(machines, slots, rel, busy, start, speed, need, horizon_at_s: float, now_s: float) -> np.ndarray:
-    """(R, m) releases once the controller has shed what the replicate's work does not need.
-
-    The controller keeps a fleet that finishes the work (with a margin) by its planning
-    deadline ``H`` and releases the rest at billing boundaries, the instance due to leave
-    first pulled in furthest (``fleet.shed``). Per replicate: the surplus is the fleet's
-    capacity by ``H`` less the work needed; each instance in order of release gives up
-    whole billing units, never below what is paid nor below its running task, while the
-    capacity lost stays within the surplus. Without this a forecast charges every hour of a
-    fleet bought for the work's upper value, and a run whose work came in lower costs less."""
-    cap = speed * np.clip(np.minimum(horizon_at_s, rel) - start, 0.0, None)  # ``start``: busy + allowance
-    surplus = cap.sum(axis=1) - need
-    order = sorted((i for i, mc in enumerate(machines) if not mc.is_private and math.isfinite(mc.release_at_s)),
-                   key=lambda i: (machines[i].release_at_s, i))
-    for i in order:
-        mc = machines[i]
-        # whole billing units (a 300 s grid under per-second billing, as the planner's);
-        # a release sits a margin before its boundary, hence the 0.1-unit slack
-        unit = mc.billing.unit_s if mc.billing.unit_s >= 600 else 300.0
-        paid = mc.billing.paid_until(mc.launched_at_s, max(now_s, mc.ready_at_s))
-        units = min(int((mc.release_at_s - paid) / unit + 0.1), 48)
-        if units <= 0:
-            continue
-        cols = slots["machine"] == i
-        b, sp, st = busy[:, cols], speed[:, cols], start[:, cols]
-        full = cap[:, cols].sum(axis=1)
-        k = np.zeros(rel.shape[0], dtype=int)
-        for step in range(1, units + 1):
-            at = mc.release_at_s - step * unit
-            lost = full - (sp * np.clip(np.minimum(horizon_at_s, at) - st, 0.0, None)).sum(axis=1)
-            ok = (lost <= surplus) & (b.max(axis=1) <= at)
-            if not ok.any():
-                break
-            k = np.where(ok, step, k)
-        at = mc.release_at_s - k * unit
-        lost = full - (sp * np.clip(np.minimum(horizon_at_s, at)[:, None] - st, 0.0, None)).sum(axis=1)
-        surplus = surplus - lost
-        rel[:, cols] = at[:, None]
-    return _lengthen(machines, slots, rel, busy, speed, surplus, horizon_at_s)
-
-
-def _lengthen(machines, slots, rel, busy, speed, surplus, horizon_at_s: float) -> np.ndarray:
-    """The other way: a replicate whose work needs more than the fleet offers by ``H``
-    keeps its instances on, unit by unit up to ``H`` (a re-plan extends them), the one due
-    to leave first first. What still does not fit runs past the releases (``_fluid_end``)."""
-    short = surplus < 0
-    if not short.any():
-        return rel
-    order = sorted((i for i, mc in enumerate(machines) if not mc.is_private and math.isfinite(mc.release_at_s)),
-                   key=lambda i: (machines[i].release_at_s, i))
-    for i in order:
-        mc = machines[i]
-        unit = mc.billing.unit_s if mc.billing.unit_s >= 600 else 300.0
-        cols = slots["machine"] == i
-        at = rel[:, np.argmax(cols)]
-        steps = np.floor(np.maximum(horizon_at_s - at, 0.0) / unit)
-        per_unit = float(speed[0, cols].sum()) * unit
-        want = np.where(surplus < 0, np.ceil(-surplus / max(per_unit, 1e-9)), 0.0)
-        k = np.minimum(steps, want)
-        rel[:, cols] = (at + k * unit)[:, None]
-        surplus = surplus + k * per_unit
-        if not (surplus < 0).any():
-            break
-    return rel
+def _capped(cost: np.ndarray, undone: np.ndarray, budget_usd: float | None, machines):
+    """(cost, stopped) under a budget: the controller stops what the budget cannot pay for (a
+    task past a paid release is cancelled there, and runs again on a private node if any)."""
+    if budget_usd is None:
+        return cost, None
+    stopped = (undone > 0) | ((cost > budget_usd + 1e-9) & ~any(mc.is_private for mc in machines))
+    return np.minimum(cost, budget_usd), stopped
 
 
 def _slot_table(machines: Sequence[Machine]) -> dict[str, np.ndarray]:
@@ -434,8 +399,11 @@ def _bulk_work(sizes: np.ndarray, laws: _Replicas, ratio, rng) -> np.ndarray:
     return np.maximum(total, 0.0)
 
 
-def _after_bulk(work: np.ndarray, any_bulk: bool, rel: np.ndarray, laws: _Replicas, speed, busy, rng):
-    """(free, release), each (R, m): the slots' state when the bulk's work is handed out."""
+def _after_bulk(work: np.ndarray, any_bulk: bool, rel: np.ndarray, laws: _Replicas, speed, busy, rng,
+                extend: bool = True):
+    """(free, release), each (R, m): the slots' state when the bulk's work is handed out.
+    ``extend`` False (a budget): no slot works past its release; a replicate whose bulk
+    outlasts every paid slot and has no private one stops with every slot closed."""
     R, m = speed.shape
     if not any_bulk:
         return busy, rel
@@ -446,12 +414,16 @@ def _after_bulk(work: np.ndarray, any_bulk: bool, rel: np.ndarray, laws: _Replic
     # slots are still open decides whose remainder counts).
     residual_ref = laws.draw_residual(rng, m)
     residual = residual_ref / speed
-    t_b, extended = _fluid_end(work, busy, stop, speed)
+    t_b, extended = _fluid_end(work, busy, stop, speed, extend)
     for _ in range(2):
         active = (busy < t_b[:, None]) & ((t_b[:, None] < stop) | extended[:, None])
-        t_b, extended = _fluid_end(np.maximum(work - (residual_ref * active).sum(axis=1), 0.0), busy, stop, speed)
+        t_b, extended = _fluid_end(np.maximum(work - (residual_ref * active).sum(axis=1), 0.0), busy, stop, speed,
+                                   extend)
     active = (busy < t_b[:, None]) & ((t_b[:, None] < stop) | extended[:, None])
     free = np.where(busy >= t_b[:, None], busy, np.where(active, t_b[:, None] + residual, np.inf))
+    if not extend:  # closed slots worked to their stop and take nothing more
+        closed = ~np.isfinite(free)
+        return np.where(closed, np.maximum(busy, np.minimum(stop, t_b[:, None])), free), np.where(closed, -np.inf, rel)
     # No slot left in its window (the bulk ended exactly at the last release): as extended.
     extended = extended | ~np.isfinite(free).any(axis=1)
     free = np.where(extended[:, None] & ~np.isfinite(free), t_b[:, None] + residual, free)
@@ -459,7 +431,7 @@ def _after_bulk(work: np.ndarray, any_bulk: bool, rel: np.ndarray, laws: _Replic
     return free, rel
 
 
-def _fluid_end(work: np.ndarray, busy: np.ndarray, stop: np.ndarray, speed: np.ndarray):
+def _fluid_end(work: np.ndarray, busy: np.ndarray, stop: np.ndarray, speed: np.ndarray, extend: bool = True):
     """(t_b, extended): when the fleet's fluid capacity reaches ``work`` (per replicate).
     A replicate whose work exceeds everything the fleet offers before its releases keeps
     every slot on past them (``extended``)."""
@@ -472,7 +444,7 @@ def _fluid_end(work: np.ndarray, busy: np.ndarray, stop: np.ndarray, speed: np.n
     full = capacity(horizon)
     # More work than the fleet offers by its releases: the controller keeps it on (re-plans
     # extend or buy), not the private nodes alone.
-    extended = (work > full) & ~unbounded
+    extended = (work > full) & ~unbounded & extend
     lo = busy.min(axis=1)
     hi = horizon + np.maximum(work - full, 0.0) / np.maximum(speed.min(axis=1), 1e-12) + 1.0
     for _ in range(40):  # the bracket is at most days wide: 40 halvings leave microseconds
@@ -480,29 +452,38 @@ def _fluid_end(work: np.ndarray, busy: np.ndarray, stop: np.ndarray, speed: np.n
         short = capacity(mid) < work
         lo, hi = np.where(short, mid, lo), np.where(short, hi, mid)
     t_b = np.where(extended, horizon + (work - full) / speed.sum(axis=1), hi)
+    if not extend:  # paid slots close at their stops; without a private one the run stops there
+        t_b = np.where((work > full) & np.isfinite(stop).all(axis=1), horizon, t_b)
     return t_b, extended
 
 
-def _list_schedule(free: np.ndarray, rel: np.ndarray, speed: np.ndarray, x: np.ndarray, fit: np.ndarray):
+def _list_schedule(free: np.ndarray, rel: np.ndarray, speed: np.ndarray, x: np.ndarray, fit: np.ndarray,
+                   extend: bool = True):
     """List scheduling of the tail tasks in order, vectorised over the replicates: each goes
     to the slot free first among those where it fits before the release (``fit`` its
-    assumed size), else to the slot free first (an extension). Returns each slot's last
-    end, and the start and reference size of its last task."""
+    assumed size), else to the slot free first (an extension; without ``extend``, a budget,
+    to a private slot, or nowhere: the task stays undone). Returns each slot's last end,
+    the start and reference size of its last task, and the tasks left undone per replicate."""
     free = free.copy()
     rows = np.arange(free.shape[0])
     last_start = np.full(free.shape, -np.inf)
     last_ref = np.zeros(free.shape)
+    undone = np.zeros(free.shape[0], dtype=int)
+    private = np.isposinf(rel)  # only private slots have no release (a closed slot's is -inf)
     for k in range(x.shape[1]):
         fits = free + fit[k] / speed <= rel
         avail = np.where(fits, free, np.inf)
         j = np.argmin(avail, axis=1)
         none = ~np.isfinite(avail[rows, j])
         if none.any():
-            j = np.where(none, np.argmin(free, axis=1), j)
-        last_start[rows, j] = free[rows, j]
-        last_ref[rows, j] = x[:, k]
-        free[rows, j] = free[rows, j] + x[:, k] / speed[rows, j]
-    return free, last_start, last_ref
+            j = np.where(none, np.argmin(free if extend else np.where(private, free, np.inf), axis=1), j)
+        ok = np.isfinite(free[rows, j]) & (extend | ~none | private[rows, j])
+        undone += ~ok
+        r, j = rows[ok], j[ok]
+        last_start[r, j] = free[r, j]
+        last_ref[r, j] = x[ok, k]
+        free[r, j] = free[r, j] + x[ok, k] / speed[r, j]
+    return free, last_start, last_ref, undone
 
 
 def _replicate_last(free, last_start, last_ref, speed, overdue_ref: float, rounds: int = 3) -> np.ndarray:
@@ -531,7 +512,8 @@ def _replicate_last(free, last_start, last_ref, speed, overdue_ref: float, round
 def _charges(machines, slots, ends: np.ndarray, makespan: np.ndarray, rel: np.ndarray,
              started_at_s: float) -> np.ndarray:
     """(R,) what every machine costs: instances from launch to max(last end, min(release,
-    end of bag)), billed by their model; private nodes at their hourly rate over the run."""
+    end of bag, last end + IDLE_RELEASE_S)), billed by their model; private nodes at their
+    hourly rate over the run."""
     R = ends.shape[0]
     total = np.zeros(R)
     finite_ends = np.where(np.isfinite(ends), ends, -np.inf)
@@ -542,7 +524,9 @@ def _charges(machines, slots, ends: np.ndarray, makespan: np.ndarray, rel: np.nd
         mine = slots["machine"] == i
         last = finite_ends[:, mine].max(axis=1)
         release = rel[:, np.argmax(mine)]
-        until = np.maximum(last, np.minimum(release, makespan))
+        # a machine whose slots all worked to their stop (no finite end) is kept to its release
+        idle_until = np.where(np.isfinite(last), last + IDLE_RELEASE_S, np.inf)
+        until = np.maximum(last, np.minimum(np.minimum(release, makespan), idle_until))
         total += _billed_s(mc.billing, until - mc.launched_at_s) / 3600.0 * mc.price_per_hour
     return total
 

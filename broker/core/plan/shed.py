@@ -1,0 +1,78 @@
+"""The controller's sizing rules carried out per replicate of a forecast (``promise.py``).
+
+With a planning deadline ``H`` the controller sheds the capacity the work does not need by
+``H`` (whole billing units, the instance leaving first pulled in furthest, a margin kept), or
+keeps its instances on up to ``H`` when the work needs more (``fleet.shed``, re-plans).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def shed(machines, slots, rel, busy, start, speed, need, horizon_at_s: float, now_s: float) -> np.ndarray:
+    """(R, m) releases once the controller has shed what the replicate's work does not need.
+
+    The controller keeps a fleet that finishes the work (with a margin) by its planning
+    deadline ``H`` and releases the rest at billing boundaries, the instance due to leave
+    first pulled in furthest (``fleet.shed``). Per replicate: the surplus is the fleet's
+    capacity by ``H`` less the work needed; each instance in order of release gives up
+    whole billing units, never below what is paid nor below its running task, while the
+    capacity lost stays within the surplus. Without this a forecast charges every hour of a
+    fleet bought for the work's upper value, and a run whose work came in lower costs less."""
+    cap = speed * np.clip(np.minimum(horizon_at_s, rel) - start, 0.0, None)  # ``start``: busy + allowance
+    surplus = cap.sum(axis=1) - need
+    order = sorted((i for i, mc in enumerate(machines) if not mc.is_private and math.isfinite(mc.release_at_s)),
+                   key=lambda i: (machines[i].release_at_s, i))
+    for i in order:
+        mc = machines[i]
+        # whole billing units (a 300 s grid under per-second billing, as the planner's);
+        # a release sits a margin before its boundary, hence the 0.1-unit slack
+        unit = mc.billing.unit_s if mc.billing.unit_s >= 600 else 300.0
+        paid = mc.billing.paid_until(mc.launched_at_s, max(now_s, mc.ready_at_s))
+        units = min(int((mc.release_at_s - paid) / unit + 0.1), 48)
+        if units <= 0:
+            continue
+        cols = slots["machine"] == i
+        b, sp, st = busy[:, cols], speed[:, cols], start[:, cols]
+        full = cap[:, cols].sum(axis=1)
+        k = np.zeros(rel.shape[0], dtype=int)
+        for step in range(1, units + 1):
+            at = mc.release_at_s - step * unit
+            lost = full - (sp * np.clip(np.minimum(horizon_at_s, at) - st, 0.0, None)).sum(axis=1)
+            ok = (lost <= surplus) & (b.max(axis=1) <= at)
+            if not ok.any():
+                break
+            k = np.where(ok, step, k)
+        at = mc.release_at_s - k * unit
+        lost = full - (sp * np.clip(np.minimum(horizon_at_s, at)[:, None] - st, 0.0, None)).sum(axis=1)
+        surplus = surplus - lost
+        rel[:, cols] = at[:, None]
+    return _lengthen(machines, slots, rel, busy, speed, surplus, horizon_at_s)
+
+
+def _lengthen(machines, slots, rel, busy, speed, surplus, horizon_at_s: float) -> np.ndarray:
+    """The other way: a replicate whose work needs more than the fleet offers by ``H``
+    keeps its instances on, unit by unit up to ``H`` (a re-plan extends them), the one due
+    to leave first first. What still does not fit runs past the releases (``_fluid_end``)."""
+    short = surplus < 0
+    if not short.any():
+        return rel
+    order = sorted((i for i, mc in enumerate(machines) if not mc.is_private and math.isfinite(mc.release_at_s)),
+                   key=lambda i: (machines[i].release_at_s, i))
+    for i in order:
+        mc = machines[i]
+        unit = mc.billing.unit_s if mc.billing.unit_s >= 600 else 300.0
+        cols = slots["machine"] == i
+        at = rel[:, np.argmax(cols)]
+        steps = np.floor(np.maximum(horizon_at_s - at, 0.0) / unit)
+        per_unit = float(speed[0, cols].sum()) * unit
+        want = np.where(surplus < 0, np.ceil(-surplus / max(per_unit, 1e-9)), 0.0)
+        k = np.minimum(steps, want)
+        rel[:, cols] = (at + k * unit)[:, None]
+        surplus = surplus + k * per_unit
+        if not (surplus < 0).any():
+            break
+    return rel
