@@ -1,8 +1,10 @@
 """What takes time: EC2 calls, each written to the journal as an intent before and an outcome
 after, and the timers (APScheduler) that post the loop's timed messages.
 
-EC2 calls run off the loop. The loop writes a call's intent, hands the call to a small pool
-of worker threads (:data:`EC2_WORKERS`) and goes on; the worker makes the call (with the
+EC2 calls run off the loop. The loop writes a call's intent, hands the call to a worker
+thread and goes on; there is one worker per lane (:data:`LANES`: launches, terminations,
+describes), so a launch stuck in its retries holds up neither terminations nor the tick's
+describe, while calls of one kind keep the order they were made in; the worker makes the call (with the
 fleet's own bounded retries, which may take minutes in an outage) and puts an
 :class:`Ec2Answer` on the loop's inbox. The loop takes the answer (:meth:`Ec2Actuator.take`)
 and records its outcome in the journal, then turns it into ledger events exactly as it
@@ -20,7 +22,6 @@ that the final sweep starts from EC2's answers. Nothing here decides.
 from __future__ import annotations
 
 import itertools
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -40,7 +41,7 @@ from broker.shells.journal import Journal
 
 from .types import Fleet
 
-EC2_WORKERS = 4  # calls in flight at once: a launch stuck in retries does not hold up terminations
+LANES = {"launch": "launch", "terminate": "terminate", "stray": "terminate", "describe": "describe"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +107,7 @@ class Ec2Actuator:
     caller's thread and its answer posted nowhere: :meth:`settle` returns it."""
 
     def __init__(self, fleet: Fleet, journal: Journal, clock: RunClock, run_id: str,
-                 post: Callable[[Any], None] | None = None, workers: int = EC2_WORKERS) -> None:
+                 post: Callable[[Any], None] | None = None) -> None:
         self.fleet, self.journal, self.clock, self.run_id = fleet, journal, clock, run_id
         self.post = post
         self.launch_seq = 0  # continued on resume (resume.py)
@@ -119,8 +120,8 @@ class Ec2Actuator:
         self.states: dict[str, InstanceState] = {}  # each instance's state in the last describe
         self._calls: dict[int, _Call] = {}
         self._numbers = itertools.count(1)
-        self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ec2") if post else None
+        self._lanes = ({lane: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ec2-{lane}")
+                        for lane in set(LANES.values())} if post else None)
 
     # -- in flight -------------------------------------------------------------------------
     @property
@@ -142,7 +143,7 @@ class Ec2Actuator:
         number = next(self._numbers)
         c = _Call(kind, self.clock.now_s(), payload)
         self._calls[number] = c
-        if self._pool is None:
+        if self._lanes is None:
             c.answer = _guarded(call)
             return number
 
@@ -150,7 +151,7 @@ class Ec2Actuator:
             c.answer = _guarded(call)
             self.post(Ec2Answer(number))
 
-        c.future = self._pool.submit(work)
+        c.future = self._lanes[LANES[kind]].submit(work)
         return number
 
     def take(self, answer: Ec2Answer) -> Launched | Terminated | Surveyed | StrayTerminated | None:
@@ -186,8 +187,8 @@ class Ec2Actuator:
         return ids
 
     def shutdown(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        for lane in (self._lanes or {}).values():
+            lane.shutdown(wait=False, cancel_futures=True)
 
     # -- launches --------------------------------------------------------------------------
     def launch(self, t: MachineType, count: int, cause: str) -> str:
@@ -365,19 +366,6 @@ class Timers:
             self.scheduler.remove_job(job_id)
         except JobLookupError:
             pass
-
-    def launched_unjournaled(self) -> list[str]:
-        """The journal cannot be written (a full disk): wait for the launches in flight and
-        return the instances they launched, so they can be terminated all the same."""
-        ids = []
-        for c in list(self._calls.values()):
-            if c.kind != "launch":
-                continue
-            if c.future is not None:
-                c.future.result()
-            if isinstance(c.answer, LaunchOutcome):
-                ids.extend(c.answer.instance_ids)
-        return ids
 
     def shutdown(self) -> None:
         self.scheduler.shutdown(wait=False)

@@ -9,9 +9,15 @@ tag accounted for.
   carried it out. One whose client token names a launch intent of this run is adopted under
   it (journaled, then used or released by the ledger's rules like any other); one that no
   intent launched is terminated.
-- The final sweep, when the run ends, surveys once more, releases what it finds, and retries
-  unconfirmed terminations for a few ticks; what EC2 still has not confirmed is named in the
-  report (the run exits 1 and says to run ``broker down``).
+- The same describe shows which instances EC2 still has ``pending``: a boot waits until one
+  is no longer pending, and one pending past its type's ``pending_timeout`` is terminated
+  and counted as a launch failure of the type.
+- The calls run off the loop (:mod:`.actuator`): what EC2 answered reaches this module as
+  an :class:`~.actuator.Ec2Answer` on the inbox (:meth:`SweepMixin._on_ec2`).
+- The final sweep, when the run ends, waits for the calls in flight, surveys once more,
+  releases what it finds, and retries unconfirmed terminations for a few ticks; what EC2
+  still has not confirmed is named in the report (the run exits 1 and says to run ``broker
+  down``).
 """
 
 from __future__ import annotations
@@ -129,6 +135,7 @@ class SweepMixin:
             waited = s.sent_at_s - node.launched_at_s
             if waited < node.type.pending_timeout_s:
                 continue
+            self._boot_held.discard(node.id)
             until, followups = self.ledger.on_pending_timeout(node.id, self.clock.now_s())
             self._emit("instance.launch_failed", type=node.type.name, requested=1, launched=0, kind="timeout",
                        code="PendingTimeout", cause="pending_timeout", instance_id=node.id,
