@@ -122,10 +122,12 @@ def run_once(repo: Path, outage_s: float, scale: float, workdir: Path) -> dict:
     bag.write_text(BAG.replace("[K]", json.dumps(list(range(TASKS)))))
     env = {k: v for k, v in os.environ.items() if not k.startswith("BROKER_")}
     env["PYTHONPATH"] = str(repo)
+    # Its output goes to files: a pipe nobody reads during the outage fills up and stalls the
+    # daemon's own writes (a first version of this bench measured that, not EC2).
+    out, err = open(workdir / "stdout.txt", "w"), open(workdir / "stderr.txt", "w")
     proc = subprocess.Popen([sys.executable, "-m", "broker", "run", "--dry-run", "--yes", "--deadline", "25m",
                              "--time-scale", f"{scale:g}", "--inventory", str(inv), str(bag), "--run-dir",
-                             str(run_dir)], cwd=repo, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             str(run_dir)], cwd=repo, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
     try:
         _wait(proc, "an instance ready",
               lambda: _journal(run_dir, "SELECT count(*) FROM instances WHERE ready_at IS NOT NULL")[0][0] > 0)
@@ -137,11 +139,13 @@ def run_once(repo: Path, outage_s: float, scale: float, workdir: Path) -> dict:
         finally:
             end = _journal_now(run_dir)
             os.kill(pid, signal.SIGCONT)
-        out, err = proc.communicate(timeout=900)
+        proc.wait(timeout=900)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.wait()
+        out.close()
+        err.close()
     calls = _journal(run_dir, "SELECT kind, count(*) FROM actions WHERE created_at < ? AND "
                               "coalesce(completed_at, 1e300) > ? GROUP BY kind", (end, start))
     done = _journal(run_dir, "SELECT count(*) FROM tasks WHERE state = 'done'")[0][0]
