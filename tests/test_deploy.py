@@ -109,7 +109,8 @@ def test_unit_has_the_required_settings() -> None:
 def test_unit_comments_explain_restart_and_stop_timeout() -> None:
     text = UNIT.read_text()
     restart_comment = text[: text.index("Restart=on-failure")].rsplit("\n\n", 1)[-1]
-    assert "resumes the run" in restart_comment and "journal" in restart_comment
+    assert "resumes a run" in restart_comment and "journal" in restart_comment
+    assert "ExecStopPost" in restart_comment  # says why a crash is not resumed
     stop_comment = text[: text.index("TimeoutStopSec=")].rsplit("\n\n", 1)[-1]
     assert "--on-stop release" in stop_comment and "terminates every" in stop_comment
 
@@ -136,18 +137,20 @@ def test_exec_start_parses_with_empty_extra_arguments() -> None:
     assert (goal.kind, goal.value) == ("deadline", 6 * 3600.0) and args.metrics_port is None
 
 
-def test_exec_stop_post_runs_broker_down_only_after_a_stop_timeout() -> None:
-    command = read_unit()["Service"]["ExecStopPost"]
-    argv = shlex.split(command)
-    assert argv[:2] == ["/bin/sh", "-c"]
-    script = argv[2].replace("$$", "$")  # systemd turns $$ into $ before the shell runs
-    assert '[ "$SERVICE_RESULT" = timeout ]' in script
-    down = shlex.split(script.split("exec ", 1)[1].split(";")[0])
-    assert down[0] == "/opt/broker/venv/bin/broker"
-    args = build_parser().parse_args([down[1], read_env_file()["BROKER_RUN_DIR"]])
-    assert args.command == "down" and args.run_dir == read_env_file()["BROKER_RUN_DIR"]
-    checked = subprocess.run(["sh", "-n", "-c", script], capture_output=True, text=True)
-    assert checked.returncode == 0, checked.stderr
+def test_exec_stop_post_runs_broker_down_unless_the_run_was_left() -> None:
+    """Every stop of the unit (done, error, SIGTERM, a stop timeout, a crash) ends with
+    `broker down --unless-left RUN_DIR`: a no-op on a run that ended cleanly, a clean-up of
+    anything else, and nothing at all for a run left with --on-stop leave."""
+    unit, env = read_unit(), read_env_file()
+    argv = expand_exec(unit["Service"]["ExecStopPost"], env)
+    assert argv[0] == "/opt/broker/venv/bin/broker"
+    args = build_parser().parse_args(argv[1:])
+    assert args.command == "down" and args.func.__module__ == "broker.cli.down"
+    assert args.unless_left and args.run_dir == env["BROKER_RUN_DIR"]
+    assert "SERVICE_RESULT" not in unit["Service"]["ExecStopPost"], "down runs after every kind of stop"
+    text = UNIT.read_text()
+    comment = text[: text.index("ExecStopPost=")].rsplit("\n\n", 1)[-1]
+    assert "--on-stop leave" in comment and "no-op" in comment
 
 
 def test_every_variable_the_unit_uses_is_in_the_env_file_and_no_secret_is() -> None:

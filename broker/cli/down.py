@@ -21,6 +21,14 @@ answer) is reported in one line, never a traceback, and the rest is still cleane
 - the journal is left consistent: attempts still marked running are cancelled, intents
   left open are closed as failed, and the run is marked ``stopped`` unless it had ended.
 
+A run that already ended cleanly (``finished`` or ``stopped`` in its journal, no instance
+left unterminated, no intent left open, no attempt left running, no moto server) is a quick
+no-op: nothing is asked of EC2 or of the private nodes, and the exit status is 0.
+
+``--unless-left`` (the systemd unit's ``ExecStopPost``): a run its daemon left running on
+purpose (``--on-stop leave``: the journal's last ``run.left`` is later than its last start
+or resume) is left alone, exit 0; anything else is brought down as above.
+
 RUN_DIR defaults to the most recently written run directory under ``./runs/``.
 Exit status: 0 when nothing of the run is left running, 1 when an instance could not be
 terminated, a private node could not be reached or the journal could not be read (the
@@ -42,6 +50,9 @@ def register(subparsers) -> None:
         "local agents and mark the run stopped. Works when the daemon is dead; idempotent.",
     )
     p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="run directory (default: the latest under ./runs/)")
+    p.add_argument("--unless-left", action="store_true",
+                   help="do nothing to a run left running on purpose (--on-stop leave); for the systemd "
+                   "unit's ExecStopPost")
     p.set_defaults(func=run)
 
 
@@ -57,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
     has_journal = (run_dir / JOURNAL_FILE).is_file()
     if not has_journal and not (run_dir / SERVER_FILE).exists() and not (run_dir / AGENTS_DIR).is_dir():
         raise UsageError(f"no journal in {run_dir}: is it a run directory?")
+    if getattr(args, "unless_left", False) and has_journal and _was_left(run_dir):
+        print(f"{run_dir}: the run was left running on purpose (--on-stop leave): nothing done; "
+              f"`broker down {run_dir}` releases it")
+        return 0
     stopped_agents = 0
     agents = run_dir / AGENTS_DIR
     if agents.is_dir():
@@ -78,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
                     problems.append(f"{run_dir} holds no run (its daemon died before recording it)")
                 else:
                     run_id = record.id
+                    if server is None and ended_cleanly(journal, record):
+                        print(f"{run_dir}: run {run_id}: 0 instance(s) terminated, {stopped_agents} agent(s) "
+                              f"stopped (it ended {record.state}: nothing of it was left running)")
+                        return 0
                     remote = _stop_private_agents(record, problems)
                     terminated, failed = _bring_down(journal, record, server, problems)
     except (JournalError, sqlite3.Error, OSError) as exc:
@@ -97,6 +116,34 @@ def run(args: argparse.Namespace) -> int:
     for line in problems:
         print(f"  note: {line}")
     return 1 if failed or remote.unreachable or any("could not" in p for p in problems) else 0
+
+
+def _was_left(run_dir: Path) -> bool:
+    from broker.shells.journal import Journal, JournalError
+
+    try:
+        with Journal.open(run_dir, readonly=True) as journal:
+            record = journal.run()
+            return record is not None and left_on_purpose(journal, record)
+    except (JournalError, sqlite3.Error, OSError):
+        return False  # a journal that cannot be read: bring the run down
+
+
+def left_on_purpose(journal, record) -> bool:
+    """The daemon stopped with ``--on-stop leave`` and nothing resumed the run since."""
+    if record.state != "running":
+        return False
+    left = [at for at, _, _ in journal.events("run.left")]
+    since = [at for name in ("run.start", "run.resume") for at, _, _ in journal.events(name)]
+    return bool(left) and max(left) >= max(since, default=0.0)
+
+
+def ended_cleanly(journal, record) -> bool:
+    """The run ended (finished or stopped) with nothing of it left: every instance
+    terminated, no intent open, no attempt running."""
+    return (record.state in ("finished", "stopped")
+            and all(i.state == "terminated" for i in journal.instances())
+            and not journal.pending_intents() and not journal.running_attempts())
 
 
 class _RemoteStops:

@@ -36,6 +36,8 @@ Schema (every key but the marked ones optional)::
           price: 0.17             # required, USD per hour >= 0
           limit: 20               # required, integer >= 0: most instances running at once
           boot: 90s               # launch to ready, default 0
+          pending_timeout: 10m    # still pending in EC2 this long after launch: terminated and
+                                  # counted as a launch failure of the type (default 10m)
           billing: ...            # overrides aws.billing for this type
 
 An inventory of types alone is enough to plan and simulate. ``live=True`` (a real run)
@@ -401,7 +403,7 @@ def _machine_type(check: Checker, item: Node, path: str, default_billing: Billin
         item,
         path,
         required=("name", "slots", "speed", "price", "limit"),
-        optional=("boot", "billing"),
+        optional=("boot", "billing", "pending_timeout"),
     )
     if fields is None:
         return None
@@ -413,7 +415,9 @@ def _machine_type(check: Checker, item: Node, path: str, default_billing: Billin
     limit = check.integer(fields["limit"], join(path, "limit"), minimum=0) if "limit" in fields else None
     boot_s = check.duration(fields["boot"], join(path, "boot")) if "boot" in fields else 0.0
     billing = _billing(check, fields["billing"], join(path, "billing")) if "billing" in fields else default_billing
-    if len(check.problems) > before or None in (name, slots, speed, price, limit, boot_s, billing):
+    pending_s = (check.duration(fields["pending_timeout"], join(path, "pending_timeout"), positive=True)
+                 if "pending_timeout" in fields else 600.0)
+    if len(check.problems) > before or None in (name, slots, speed, price, limit, boot_s, billing, pending_s):
         return None
     return MachineType(
         name=name,
@@ -423,4 +427,5 @@ def _machine_type(check: Checker, item: Node, path: str, default_billing: Billin
         limit=limit,
         boot_s=boot_s,
         billing=billing,
+        pending_timeout_s=pending_s,
     )

@@ -18,6 +18,8 @@ class MachineType:
 
     ``slots`` tasks run at once per instance, each at ``speed`` reference seconds per second.
     ``limit`` caps how many instances of the type may run at once; ``boot_s`` is launch to ready.
+    ``pending_timeout_s``: an instance EC2 still shows ``pending`` this long after its launch
+    is terminated and counted as a launch failure of the type.
     """
 
     name: str
@@ -27,6 +29,7 @@ class MachineType:
     limit: int
     boot_s: float = 0.0
     billing: Billing = field(default_factory=Billing.hourly)
+    pending_timeout_s: float = 600.0
 
     @property
     def capacity_per_s(self) -> float:

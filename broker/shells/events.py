@@ -58,8 +58,8 @@ CATALOGUE: dict[str, EventSpec] = {
         _spec("instance.launch", "EC2 launched an instance (cause `adopted`: found under the run's tag after its "
               "launch was recorded failed)", "instance_id type cause launched_at_s boot_s",
               optional="client_token reason"),
-        _spec("instance.launch_failed", "a launch failed or fell short",
-              "type requested launched kind code error cause"),
+        _spec("instance.launch_failed", "a launch failed or fell short (or an instance stayed pending past its "
+              "type's pending_timeout)", "type requested launched kind code error cause", optional="instance_id"),
         _spec("instance.ready", "an instance's agent answered (and its setup ran)",
               "instance_id type at_s boot_s slots"),
         _spec("instance.release_scheduled", "an instance's release was (re)scheduled",

@@ -14,6 +14,8 @@ dry-run) makes chosen calls fail the way EC2 would:
                       the case that makes a naive retry launch twice
 ``PARTIAL``           RunInstances launches ``count // 2`` instances instead of ``count``
                       (only when ``count >= 2``; with one instance asked it is not injected)
+``STUCK_PENDING``     RunInstances succeeds, but its instances never leave ``pending``: every
+                      later DescribeInstances shows them pending while EC2 runs them
 ====================  ==============================================================
 
 Which call fails comes from a schedule: :meth:`FaultInjector.scripted` (the n-th call of an
@@ -51,13 +53,15 @@ class FaultKind(enum.Enum):
     READ_TIMEOUT = "read_timeout"
     LOST_RESPONSE = "lost_response"
     PARTIAL = "partial"
+    STUCK_PENDING = "stuck_pending"
 
     def applies_to(self, operation: str) -> bool:
         """Launch-only faults apply to RunInstances; the rest to any operation."""
         return operation == "RunInstances" or self not in _LAUNCH_ONLY
 
 
-_LAUNCH_ONLY = frozenset({FaultKind.CAPACITY, FaultKind.LIMIT, FaultKind.VCPU_LIMIT, FaultKind.PARTIAL})
+_LAUNCH_ONLY = frozenset({FaultKind.CAPACITY, FaultKind.LIMIT, FaultKind.VCPU_LIMIT, FaultKind.PARTIAL,
+                          FaultKind.STUCK_PENDING})
 
 # (HTTP status, EC2 error code, message) of the error responses EC2 sends.
 _ERROR_RESPONSES: dict[FaultKind, tuple[int, str, str]] = {
@@ -106,6 +110,7 @@ class FaultInjector:
         self.log: list[Injection] = []
         self._attached: list[Any] = []
         self.on_inject: Callable[[Injection], None] | None = None  # told of every injection
+        self.stuck: set[str] = set()  # instances launched under STUCK_PENDING: described as pending
 
     # -- schedules -------------------------------------------------------------------------
     @classmethod
@@ -223,9 +228,24 @@ class FaultInjector:
             return AWSResponse(url="", status_code=status, headers={}, raw=None), parsed
         return None
 
-    def _after_call(self, model: Any, context: dict[str, Any], **_: Any) -> None:
+    def _after_call(self, model: Any, context: dict[str, Any], parsed: Any = None, **_: Any) -> None:
+        if isinstance(parsed, dict):
+            self._keep_stuck_pending(model.name, context.get("broker_fault"), parsed)
         if context.get("broker_fault") is FaultKind.LOST_RESPONSE:
             raise ReadTimeoutError(endpoint_url=f"(injected, after the call was carried out) ec2 {model.name}")
+
+
+    def _keep_stuck_pending(self, operation: str, kind: FaultKind | None, parsed: dict) -> None:
+        """STUCK_PENDING: note the instances a RunInstances launched; show every one of them
+        that still runs as ``pending`` in each DescribeInstances answer."""
+        if operation == "RunInstances" and kind is FaultKind.STUCK_PENDING:
+            with self._lock:
+                self.stuck.update(i["InstanceId"] for i in parsed.get("Instances", ()))
+        elif operation == "DescribeInstances" and self.stuck:
+            for reservation in parsed.get("Reservations", ()):
+                for instance in reservation.get("Instances", ()):
+                    if instance.get("InstanceId") in self.stuck and instance.get("State", {}).get("Name") == "running":
+                        instance["State"] = {"Code": 0, "Name": "pending"}
 
 
 # -- faults named in text (BROKER_DRY_RUN_FAULTS) ---------------------------------------------
@@ -242,11 +262,12 @@ for _kind, _names in {
     FaultKind.READ_TIMEOUT: ("timeout",),
     FaultKind.LOST_RESPONSE: (),
     FaultKind.PARTIAL: ("partial_launch",),
+    FaultKind.STUCK_PENDING: ("pending_never_runs",),
 }.items():
     for _name in (_kind.value, *_names):
         _SPEC_NAMES[_name.lower()] = _kind
 _SPEC_CANONICAL = ("insufficient_capacity", "instance_limit", "vcpu_limit", "throttle", "timeout", "lost_response",
-                   "partial")
+                   "partial", "stuck_pending")
 
 
 @dataclass
@@ -277,7 +298,8 @@ def parse_fault_spec(text: str, what: str = SPEC_ENV) -> list[SpecEntry]:
     KIND: ``insufficient_capacity`` (or ``capacity``, ``InsufficientInstanceCapacity``),
     ``instance_limit`` (``limit``, ``InstanceLimitExceeded``), ``vcpu_limit``, ``throttle``
     (``request_limit``, ``RequestLimitExceeded``), ``timeout`` (``read_timeout``: the call never
-    reached EC2), ``lost_response`` (carried out, its response lost), ``partial`` (half launched).
+    reached EC2), ``lost_response`` (carried out, its response lost), ``partial`` (half launched),
+    ``stuck_pending`` (launched, but described as ``pending`` for ever).
     TARGET: an instance type (``c5.large``: RunInstances of that type) or an EC2 operation
     (``RunInstances``, ``DescribeInstances``, ``TerminateInstances``); omitted: RunInstances.
     N: how many matching calls fail (default 1).

@@ -84,6 +84,7 @@ class ReleaseCause(StrEnum):
     NODE_LOST = "node_lost"
     INSTANCE_LOST = "instance_lost"  # EC2 says it is gone
     SETUP_FAILED = "setup_failed"
+    PENDING_TIMEOUT = "pending_timeout"  # EC2 kept it pending past its type's pending_timeout
     RESUMED = "resumed"  # a resumed run's timer, as journaled or at paid-until minus the margin
     RESUMED_PAST_RELEASE = "resumed_past_release"
     INTERRUPTED_RELEASE = "interrupted_release"  # the dead daemon was terminating it

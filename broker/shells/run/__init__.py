@@ -3,7 +3,8 @@
 - :mod:`.loop`: the daemon's loop (events in, ledger, ``decide()``, actions out);
 - :mod:`.attempts`: attempts and the agents' messages;
 - :mod:`.nodes_mixin`: launches, boots, releases, the fleet against EC2;
-- :mod:`.actuator`: EC2 calls with their intents, and the timers;
+- :mod:`.actuator`: EC2 calls off the loop (worker threads, answers on the inbox) with their
+  intents, and the timers;
 - :mod:`.sweep`: terminations confirmed by EC2, unknown instances under the run's tag adopted;
 - :mod:`.resume`: a run rebuilt from its journal;
 - :mod:`.report`: what the run delivered;

@@ -9,16 +9,17 @@ from EC2 (moto in a dry run, :mod:`.actuator`), tasks run on worker agents
 Threads. One loop thread (the caller of :meth:`Daemon.run`) owns all state. Everything else
 only puts messages on the loop's inbox queue: each agent client's reader thread
 ``(node, Started | Result | NodeLost | TaskLost ...)``, the timers ``(None, Tick | BootDone
-| ReleaseDue)`` and background attaches ``(None, Attached)``. A signal handler only sets a
-flag the loop reads.
+| ReleaseDue)``, background attaches ``(None, Attached)`` and the EC2 workers ``(None,
+Ec2Answer)`` (:mod:`.actuator`: launches, terminations and describes never run on the loop).
+A signal handler only sets a flag the loop reads.
 
 One turn of the loop:
 
 1. drain the inbox (waiting at most ``poll_s`` for the first message);
 2. turn agent messages into ledger events, recording the ledger's answers in one journal
    batch, then acknowledge them to the agents (an ack means "durably recorded");
-3. handle ticks, finished boots and due releases (releases the ledger asked for during the
-   batch are carried out here, after it committed);
+3. handle ticks, finished boots, due releases and EC2's answers (releases the ledger asked
+   for during the batch are carried out here, after it committed);
 4. ask the controller on the ledger's snapshot: ``tick=True`` on a monitoring tick (it may
    re-plan), ``tick=False`` when something changed (dispatch only); carry out its actions.
 
@@ -50,7 +51,7 @@ from broker.shells.diskfull import DiskFull
 from broker.shells.journal import Journal
 from broker.shells.logging import mask_secrets, register_secrets_in
 
-from .actuator import Ec2Actuator, Timers
+from .actuator import Ec2Actuator, Ec2Answer, Timers
 from .attempts import AttemptsMixin, _round
 from .nodes_mixin import NodesMixin
 from .report import RunReport, build_report
@@ -99,7 +100,9 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
         self.tasks = {t.id: t for t in bag.tasks}
         self.estimates: dict[str, float | None] = {
             t.id: (statistics.fmean(t.estimates_s.values()) if t.estimates_s else None) for t in bag.tasks}
-        self.ec2 = Ec2Actuator(fleet, journal, clock, options.run_id)
+        self.ec2 = Ec2Actuator(fleet, journal, clock, options.run_id, post=self._post)
+        self._boot_held: set[str] = set()  # booted, waiting for a describe to show them running (sweep.py)
+        self._boot_checked: set[str] = set()  # ... and those a describe let through
         self.ledger: Ledger | RecordingLedger = None  # type: ignore[assignment] - made in _start
         self.trace = Trace(options.trace) if options.trace is not None else None
         self.clients: dict[str, Any] = {}  # node -> its agent client (None until attached)
@@ -379,11 +382,13 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
     # -- the end -----------------------------------------------------------------------------
     def _wind_down(self) -> str:
         """Release every instance, stop every agent, close the run in the journal."""
+        self._settle_ec2()  # launches in flight answered: their instances are released below too
         now = self.clock.now_s()
         cause = "user_stop" if self.stop_reason in ("user_stop", "declined") else "bag_done"
         if self.timers is not None:
             self.timers.shutdown()
         if self.leaving:
+            self.ec2.shutdown()
             return self._leave()
         for node in self.ledger.live_nodes():
             if node.type is not None:
@@ -393,6 +398,7 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
                                cause=cause)
                 self._release(node.id, cause)
         self.unterminated = self._final_sweep()
+        self.ec2.shutdown()
         for name in list(self.clients):
             node = self.ledger.nodes[name]
             if node.type is None:
@@ -420,7 +426,7 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
                 client.close()  # the connection only: the agent keeps running
                 self.clients[node] = None
                 agents.append(node)
-        instances = [n.id for n in self.ledger.live_nodes() if n.type is not None]
+        instances = [n.id for n in self.ledger.live_nodes() if n.type is not None and "#" not in n.id]
         self._emit("run.left", instances=instances, agents=agents, tasks_running=self.ledger.running_count,
                    committed_usd=round(self._committed_usd(), 6))
         return "left"
@@ -441,7 +447,8 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
                 self.log.warning("agent.stop_failed", node=node_id, error=str(error))
             self.clients[node_id] = None
         if self.ledger is not None:
-            to_terminate = [n.id for n in self.ledger.live_nodes() if n.type is not None]
+            to_terminate = [n.id for n in self.ledger.live_nodes() if n.type is not None and "#" not in n.id]
+        to_terminate += self.ec2.launched_unjournaled()  # launches in flight, waited for
         if to_terminate:
             outcome = self.fleet.terminate(to_terminate)
             self.log.error("run.disk_full_released", instance_ids=to_terminate,
@@ -449,6 +456,8 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
                            failed=list(outcome.failed))
 
     def _on_control(self, message: Any) -> bool:
+        if isinstance(message, Ec2Answer):
+            return self._on_ec2(message)
         if isinstance(message, BootDone):
             return self._on_boot(message.instance_id)
         if isinstance(message, Attached):

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from broker.core.control.actions import Launch, ScheduleRelease
 from broker.core.control.ledger import Followup
+from broker.core.control.ledger.inflight import is_placeholder
 
+from broker.shells.aws.records import InstanceState
+
+from .actuator import Launched
 from .types import SETUP_TASK, Attached, BootDone, ReleaseDue
 
 
@@ -15,29 +19,45 @@ class NodesMixin:
 
     # -- launches ----------------------------------------------------------------------------
     def _launch(self, a: Launch) -> None:
+        """RunInstances off the loop (actuator.py); until EC2 answers, the launch holds one
+        placeholder per instance in the ledger (committed spend, part of the fleet)."""
         t = self.types[a.type_name]
-        launched = self.ec2.launch(t, a.count, a.cause)
+        token = self.ec2.launch(t, a.count, a.cause)
+        self.ledger.on_launch_sent(token, t.name, a.count, self.clock.now_s(), a.release_after_s)
+
+    def _on_launched(self, launched: Launched) -> bool:
+        """EC2 answered a launch: its placeholders give way to the instances it launched, each
+        with the placeholder's release moved by the time the call took; a failure is told to
+        the ledger (a type's cooldown)."""
+        t = self.types[launched.type_name]
         now = self.clock.now_s()
-        for instance_id, at in launched.instances:
-            release = self.ledger.on_launched(instance_id, t.name, at, now, a.release_after_s)
-            self._emit("instance.launch", instance_id=instance_id, type=t.name, cause=a.cause,
+        voided = self.ledger.on_launch_answered(launched.token)
+        for k, (instance_id, at) in enumerate(launched.instances):
+            self.ledger.on_launched(instance_id, t.name, at, now)
+            self._emit("instance.launch", instance_id=instance_id, type=t.name, cause=launched.cause,
                        launched_at_s=round(at, 3), boot_s=t.boot_s)
             self.timers.at(at + t.boot_s, BootDone(instance_id), f"boot-{instance_id}")
-            self._release_timer(release)
+            v = voided[k] if k < len(voided) else None
+            if v is not None and v.release_at_s is not None:
+                at_s = now if v.released or v.release_at_s <= now else v.release_at_s + (at - v.launched_at_s)
+                self._release_timer(self.ledger.schedule_release(instance_id, at_s, v.release_cause or "planned",
+                                                                 now))
         failure = launched.failure
         if failure is not None:
-            self._emit("instance.launch_failed", type=t.name, requested=a.count, launched=len(launched.instances),
-                       kind=failure.kind.value, code=failure.code, error=failure.message, cause=a.cause)
+            self._emit("instance.launch_failed", type=t.name, requested=launched.count,
+                       launched=len(launched.instances), kind=failure.kind.value, code=failure.code,
+                       error=failure.message, cause=launched.cause)
             until = self.ledger.on_launch_failed(t.name, now, failure.kind.value)
             if until is not None:  # no new instance: the controller re-plans, around this type for a while
                 self._emit("instance.type_avoided", type=t.name, kind=failure.kind.value, until_s=round(until, 3))
+        return True
 
     # -- releases ----------------------------------------------------------------------------
     def _release_timer(self, release: ScheduleRelease | None, deferred: bool = False) -> None:
         """Journal a (re)scheduled release and set its timer; one due now is carried out at once,
         or, ``deferred`` (inside a journal batch), by the loop once the batch has committed."""
-        if release is None:
-            return
+        if release is None or is_placeholder(release.instance_id):
+            return  # a launch in flight: its release passes to its instances (_on_launched)
         node = self.ledger.nodes[release.instance_id]
         now = self.clock.now_s()
         self.journal.set_release(node.id, release.at_s)
@@ -54,6 +74,8 @@ class NodesMixin:
 
     def _release(self, instance_id: str, cause: str) -> None:
         """Terminate an instance now: its attempts are cancelled and re-queued first."""
+        if is_placeholder(instance_id):
+            return  # a launch in flight: released when EC2 answers (_on_launched)
         client = self.clients.get(instance_id)
         followups = self.ledger.on_released(instance_id, self.clock.now_s(), cause)
         self._cancel_on_agents(followups)
@@ -74,6 +96,12 @@ class NodesMixin:
     def _on_boot(self, instance_id: str) -> bool:
         node = self.ledger.nodes.get(instance_id)
         if node is None or node.terminated_at_s is not None or self.clients.get(instance_id) is not None:
+            return False
+        if instance_id not in self._boot_checked and self.ec2.states.get(instance_id) is not InstanceState.RUNNING:
+            # Reach it only once EC2 no longer shows it pending: one describe, off the loop
+            # (sweep.py, _boot_when_running); one stuck pending meets its pending_timeout.
+            self._boot_held.add(instance_id)
+            self.ec2.survey(force=True)
             return False
         self.journal.record_instance_state(instance_id, "running")
         self.clients[instance_id] = None

@@ -21,7 +21,7 @@ import numpy as np
 # Ledger methods that change it (what a replay must repeat).
 MUTATORS = frozenset({
     "add_tasks", "adopt_done", "add_private", "on_node_ready", "on_node_lost", "on_node_away", "on_node_back",
-    "on_launched",
+    "on_launched", "on_launch_sent", "on_launch_answered",
     "on_launch_failed", "schedule_release", "start", "resume_attempt", "on_result", "on_attempt_failed",
     "on_attempt_lost", "on_setup_failed", "on_released", "cancel_running", "quarantine_node", "on_tick",
     "on_budget_stop", "reattach_allowed",

@@ -37,6 +37,7 @@ from ..causes import Ending, ReleaseCause
 from ..failures import FailureBook, FailurePolicy, TypeCooldown, may_give_up
 from ..pool import TaskPool
 from ..snapshot import NodeView, Observations
+from .inflight import InflightMixin
 from .records import STALE, Attempt, Ended, Followup, NodeQuarantined, NodeRecord, Quarantine, Requeue
 from .snapshots import SnapshotMixin
 
@@ -71,7 +72,7 @@ def private_cost_usd(nodes: Iterable[NodeRecord | PrivateNode], makespan_s: floa
     return sum(n.cost_per_hour for n in nodes if getattr(n, "type", None) is None) * makespan_s / 3600.0
 
 
-class Ledger(SnapshotMixin):
+class Ledger(SnapshotMixin, InflightMixin):
     """A run's tasks, attempts and nodes (see the module docstring)."""
 
     def __init__(self, types: Mapping[str, MachineType], policy: FailurePolicy = FailurePolicy(), *,
@@ -101,6 +102,7 @@ class Ledger(SnapshotMixin):
         self.nodes: dict[str, NodeRecord] = {}
         self.bad_nodes: list[str] = []
         self.instances_launched = 0
+        self.inflight: dict[str, int] = {}  # launches sent, not answered: client token -> count (inflight.py)
         self.idle_ticks = 0
         self._copies: dict[str, dict[tuple[str, int], Attempt]] = {}  # task -> (node, slot) -> attempt
         self._live: dict[str, NodeRecord] = {}  # not terminated

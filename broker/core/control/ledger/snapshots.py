@@ -29,7 +29,9 @@ class SnapshotMixin:
         h = self._billing
         while h and h[0][0] + 1e-6 < now:
             _, node_id = heapq.heappop(h)
-            self._refresh_billing(self.nodes[node_id], now)
+            node = self.nodes.get(node_id)  # None: a launch in flight's placeholder, voided (inflight.py)
+            if node is not None:
+                self._refresh_billing(node, now)
 
     def committed_usd(self, now: float) -> float:
         """Cloud spend charged so far: every instance's billing units up to ``now``."""
@@ -70,8 +72,8 @@ class SnapshotMixin:
         self._advance_billing(now)
         while self._booting and self._booting[0][0] <= now:
             _, node_id = heapq.heappop(self._booting)
-            node = self.nodes[node_id]
-            if node.ready_at_s is None and node.terminated_at_s is None:
+            node = self.nodes.get(node_id)
+            if node is not None and node.ready_at_s is None and node.terminated_at_s is None:
                 self._late[node_id] = None
                 node.view = None
         if self._late:
