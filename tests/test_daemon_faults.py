@@ -219,6 +219,32 @@ def test_throttles_timeouts_and_lost_responses_are_retried_and_never_launch_twic
     assert_nothing_left(run_dir)
 
 
+def _run_s(e: dict, start: float) -> float:
+    return (wall_s(e) - start) * SCALE
+
+
+def test_instances_hidden_by_eventual_consistency_are_neither_lost_nor_recorded_terminated_early(
+        tmp_path, run_dir):
+    """EC2 hides each new instance from describe and refuses to terminate it for 150 s of run
+    time (two and a half ticks; tasks of 100 s keep the instances busy past that): the daemon
+    must not call it gone, nor record it terminated before EC2 could have confirmed it; it
+    asks again until EC2 does."""
+    hide_s = 150.0
+    inv, bag = write_inputs(tmp_path, task_s=5.0)
+    done = broker(*run_args(inv, bag, run_dir), faults=f"eventual:{hide_s:g}", keep_moto=True)
+    assert done.returncode == 0 or late_but_done(done.stdout), done.stderr[-3000:]
+    hidden = [e for e in events(run_dir, "fault.injected") if e["kind"] == "eventual"]
+    launches = {e["instance_id"]: e for e in events(run_dir, "instance.launch")}
+    assert launches and {e["detail"].split()[0] for e in hidden} == set(launches)  # the fault fired, for each
+    assert not [e for e in events(run_dir, "node.lost") if "not listed" in e["reason"]]
+    for e in events(run_dir, "instance.terminated"):  # EC2 confirms only once it lists the instance
+        assert _run_s(e, wall_s(launches[e["instance_id"]])) >= hide_s - 1.0, e
+    assert {e["instance_id"] for e in events(run_dir, "instance.terminated")} == set(launches)
+    assert_every_task_done_once(run_dir, TASKS)
+    assert_ec2_matches_the_journal(run_dir)
+    assert_nothing_left(run_dir)
+
+
 def test_a_partial_launch_is_topped_up_on_another_type(tmp_path, run_dir):
     inv, bag = write_inputs(tmp_path, task_s=LONG_TASK_S)  # see the test above
     done = broker(*run_args(inv, bag, run_dir), faults="partial:c5.large", keep_moto=True)

@@ -19,6 +19,10 @@ from broker.shells.journal import Journal
 
 from .types import Fleet
 
+# How long an instance EC2 has never listed may stay unlisted before it counts as gone (run s):
+# describe is eventually consistent after a launch, for seconds, sometimes minutes.
+UNLISTED_GRACE_S = 600.0
+
 
 @dataclass(frozen=True, slots=True)
 class Launched:
@@ -41,6 +45,7 @@ class Ec2Actuator:
         # Launches that failed: EC2 may have carried them out anyway (a lost response whose
         # retries ran out), so every tick's describe looks for instances under their tokens.
         self.suspect_launches = 0
+        self.listed: set[str] = set()  # instances some describe has listed: unlisted later, gone
 
     def launch(self, t: MachineType, count: int, cause: str) -> Launched:
         """Intent, RunInstances, one journal row per instance (its own token), outcome."""
@@ -97,20 +102,24 @@ class Ec2Actuator:
         """One DescribeInstances by the run's tag (when there is something to look at, or
         ``force``): which of ``alive`` (id, launch time) EC2 says are gone, with why, and the
         live instances under the run's tag that are not in ``known`` (a launch EC2 carried out
-        though its answer never came). An instance EC2 does not list yet gets ``grace_s``
-        (describe is eventually consistent after a launch). A failed describe finds nothing."""
+        though its answer never came). An instance EC2 has never listed is not gone until
+        ``max(grace_s, UNLISTED_GRACE_S)`` after its launch (describe is eventually consistent
+        after a launch); one it listed before and lists no more is. A failed describe finds
+        nothing."""
         if not (alive or self.suspect_launches or force):
             return [], []
         described = self.fleet.describe()
         if described.failure is not None:
             return [], []
         by_id = {r.id: r for r in described.instances}
+        self.listed.update(by_id)
         out = []
         for instance_id, launched_at in alive:
             record = by_id.get(instance_id)
             if record is not None and not record.state.gone:
                 continue
-            if record is None and now - launched_at < grace_s:
+            if record is None and instance_id not in self.listed and now - launched_at < max(grace_s,
+                                                                                                 UNLISTED_GRACE_S):
                 continue
             state = "not listed by EC2" if record is None else record.state.value
             out.append((instance_id, f"instance {state}: terminated outside the broker"))
