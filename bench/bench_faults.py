@@ -462,8 +462,8 @@ def _print_sim(args) -> int:
 
 
 def _print_kinds(kinds: dict, results: list[DryResult], wall: float, workdir: Path, seeds: int) -> int:
-    print(f"\n(b) dry runs per fault kind: {seeds} seed(s) each, time scale {SCALE:g}, tick 60 s (eventual: 20 s at scale 5), "
-          f"{wall:.0f} s wall (run directories in {workdir})")
+    print(f"\n(b) dry runs per fault kind: {seeds} seed(s) each, time scale {SCALE:g}, tick 60 s "
+          f"(eventual: 20 s at scale 5), {wall:.0f} s wall (run directories in {workdir})")
     print(f"  {'kind':27s} {'runs':>4s} {'fired':>5s} {'lost':>4s} {'dup':>4s} {'orphan':>6s} {'over$':>5s} "
           f"{'errors':>6s} {'exit1':>5s}")
     damage = 0
