@@ -5,12 +5,12 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from botocore.exceptions import ClientError, ReadTimeoutError
+from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.shells.aws import LaunchErrorKind, RetryPolicy
-from broker.shells.faults import FaultInjector, FaultKind, Injection
+from broker.shells.faults import FaultInjector, FaultKind, Injection, SpecFaultInjector, parse_fault_spec
 from test_aws_fleet import World, account, world  # noqa: F401  (fixtures shared with the fleet tests)
 
 _tokens = itertools.count()
@@ -175,3 +175,159 @@ def test_launches_are_never_doubled_whatever_fails(world: World, script, count: 
         assert after == under_token and replay.reused
     else:
         assert replay.ok and len(after) == count
+
+
+# -- what moto does not emulate: idempotency, eventual consistency, pending, outages ----------
+
+class _Clock:
+    """The injector's clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _ids(response: dict) -> list[str]:
+    return [i["InstanceId"] for i in response["Instances"]]
+
+
+def _listed(client, world: World) -> set[str]:
+    pages = client.describe_instances(Filters=[{"Name": "tag:broker:run", "Values": [world.run_id]}])
+    return {i["InstanceId"] for r in pages["Reservations"] for i in r["Instances"]}
+
+
+def test_moto_itself_ignores_the_client_token(world: World) -> None:
+    """Why the injector emulates idempotency: moto 5 launches again under a used token."""
+    token = f"raw-{next(_tokens)}"
+    first, second = _run_raw(world.ec2, world, token=token), _run_raw(world.ec2, world, token=token)
+    assert _ids(first) != _ids(second)
+
+
+def test_the_same_client_token_returns_the_same_instances_and_launches_nothing(world: World) -> None:
+    injector = FaultInjector.scripted({})
+    client = injector.attach(world.account.session.client("ec2"))
+    token = f"raw-{next(_tokens)}"
+
+    first = _run_raw(client, world, count=2, token=token)
+    again = _run_raw(client, world, count=2, token=token)
+    other = _run_raw(client, world, count=1)
+
+    assert _ids(again) == _ids(first)
+    assert len(world.of_run()) == 3  # two under the token, one under another
+    assert [i.kind for i in injector.log] == [FaultKind.IDEMPOTENT]
+    assert set(injector.log[0].detail.split()[2:]) == set(_ids(first))
+    assert _ids(other)[0] not in _ids(first)
+
+
+def test_a_launch_retried_after_a_lost_response_while_ec2_hides_it_creates_nothing_new(world: World) -> None:
+    """The fleet looks for the token's instances before retrying; eventual consistency hides
+    them, so only EC2's own idempotency (emulated) keeps the retry from launching again."""
+    clock = _Clock()
+    injector = FaultInjector.scripted({"RunInstances": [FaultKind.LOST_RESPONSE]})
+    injector.clock, injector.hide_s = clock, 30.0
+    fleet = world.fleet_with_faults(injector)
+    token = f"lost-{next(_tokens)}"
+
+    outcome = fleet.launch("t3.micro", 2, client_token=token)
+
+    under_token = {i["InstanceId"] for i in world.instances(**{"tag:broker:client-token": token})}
+    assert outcome.ok and outcome.attempts == 2 and not outcome.reused
+    assert set(outcome.instance_ids) == under_token and len(under_token) == 2
+    assert [i.kind for i in injector.log][:2] == [FaultKind.LOST_RESPONSE, FaultKind.EVENTUAL]
+    assert injector.injected(FaultKind.IDEMPOTENT)
+
+
+def test_new_instances_are_hidden_and_refused_until_ec2_catches_up(world: World) -> None:
+    clock = _Clock()
+    injector = FaultInjector.scripted({})
+    injector.clock, injector.hide_s = clock, 30.0
+    client = injector.attach(world.account.session.client("ec2"))
+    old = _ids(_run_raw(client, world))
+    clock.now += 31.0
+    new = _ids(_run_raw(client, world))
+
+    assert _listed(client, world) == set(old)  # the new one is not listed yet, the old one is
+    with pytest.raises(ClientError) as caught:
+        client.terminate_instances(InstanceIds=new)
+    assert caught.value.response["Error"]["Code"] == "InvalidInstanceID.NotFound"
+    assert world.state_of(new[0]) == "running"  # refused: nothing happened
+    clock.now += 29.0
+    assert _listed(client, world) == set(old)
+    clock.now += 1.5
+    assert _listed(client, world) == set(old) | set(new)
+    client.terminate_instances(InstanceIds=new)
+    assert world.state_of(new[0]) in ("shutting-down", "terminated")
+    # Logged once per instance and operation, not at every describe.
+    assert sorted(i.operation for i in injector.injected(FaultKind.EVENTUAL)) == [
+        "DescribeInstances", "TerminateInstances"]
+
+
+def test_the_fleet_never_calls_a_hidden_instance_terminated(world: World) -> None:
+    clock = _Clock()
+    injector = FaultInjector.scripted({})
+    injector.clock, injector.hide_s = clock, 30.0
+    fleet = world.fleet_with_faults(injector)
+    launched = fleet.launch("t3.micro", 1, client_token=f"hide-{next(_tokens)}")
+
+    refused = fleet.terminate(launched.instance_ids)
+    assert refused.terminated == () and refused.already_terminated == ()
+    assert world.state_of(launched.instance_ids[0]) == "running"
+    clock.now += 30.0
+    done = fleet.terminate(launched.instance_ids)
+    assert done.terminated == launched.instance_ids
+
+
+def test_a_stuck_launch_stays_pending_until_terminated(world: World) -> None:
+    injector = FaultInjector.scripted({"RunInstances": [FaultKind.STUCK_PENDING]})
+    fleet = world.fleet_with_faults(injector)
+    stuck = fleet.launch("t3.micro", 2, client_token=f"stuck-{next(_tokens)}")
+    fine = fleet.launch("t3.micro", 1, client_token=f"fine-{next(_tokens)}")
+
+    states = {r.id: r.state.value for r in fleet.describe().instances}
+    assert {states[i] for i in stuck.instance_ids} == {"pending"}
+    assert states[fine.instance_ids[0]] == "running"
+    waited = fleet.wait_running([*stuck.instance_ids, *fine.instance_ids], timeout_s=1.0, poll_s=1.0)
+    assert set(waited.not_running) == set(stuck.instance_ids) and waited.failure is not None
+    assert fleet.terminate(stuck.instance_ids).terminated == stuck.instance_ids
+    assert {r.state.value for r in fleet.describe().instances if r.id in stuck.instance_ids} <= {
+        "shutting-down", "terminated"}
+    assert [i.kind for i in injector.log].count(FaultKind.STUCK_PENDING) == 3  # the launch, then each instance once
+
+
+def test_an_outage_fails_every_call_from_the_first_launch_for_its_duration(world: World) -> None:
+    clock = _Clock()
+    injector = FaultInjector.scripted({})
+    injector.clock = clock
+    injector.outage(600.0)
+    client = injector.attach(world.account.session.client("ec2"))
+
+    client.describe_instances()  # before any launch: EC2 answers
+    with pytest.raises(EndpointConnectionError):
+        _run_raw(client, world)
+    clock.now += 599.0
+    with pytest.raises(EndpointConnectionError):
+        client.describe_instances()
+    clock.now += 1.0
+    client.describe_instances()
+    _run_raw(client, world)
+    assert len(world.of_run()) == 1
+    assert [(i.operation, i.kind) for i in injector.log] == [("RunInstances", FaultKind.OUTAGE),
+                                                            ("DescribeInstances", FaultKind.OUTAGE)]
+
+
+def test_settings_are_not_scheduled_faults() -> None:
+    for kind in (FaultKind.EVENTUAL, FaultKind.OUTAGE, FaultKind.IDEMPOTENT):
+        with pytest.raises(ValueError, match="setting"):
+            FaultInjector.scripted({"RunInstances": [kind]})
+
+
+def test_a_spec_sets_durations_and_counts_stuck_launches() -> None:
+    entries = parse_fault_spec("eventual:30,outage:10m,stuck_pending:c5.large:2")
+    injector = SpecFaultInjector(entries)
+    assert injector.hide_s == 30.0 and injector._outage_s == 600.0
+    assert [(e.kind, e.target, e.times) for e in entries][2] == (FaultKind.STUCK_PENDING, "c5.large", 2)
+    for bad in ("eventual", "eventual:soon", "outage:0", "outage:c5.large:3"):
+        with pytest.raises(ValueError, match="SECONDS"):
+            parse_fault_spec(bad)

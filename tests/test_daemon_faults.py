@@ -225,6 +225,78 @@ def test_throttles_timeouts_and_lost_responses_are_retried_and_never_launch_twic
     assert_nothing_left(run_dir)
 
 
+def _run_s(e: dict, start: float) -> float:
+    return (wall_s(e) - start) * SCALE
+
+
+def test_instances_hidden_by_eventual_consistency_are_neither_lost_nor_recorded_terminated_early(
+        tmp_path, run_dir):
+    """EC2 hides each new instance from describe and refuses to terminate it for 150 s of run
+    time (two and a half ticks; tasks of 100 s keep the instances busy past that): the daemon
+    must not call it gone, nor record it terminated before EC2 could have confirmed it; it
+    asks again until EC2 does."""
+    hide_s = 150.0
+    inv, bag = write_inputs(tmp_path, task_s=5.0)
+    done = broker(*run_args(inv, bag, run_dir), faults=f"eventual:{hide_s:g}", keep_moto=True)
+    assert done.returncode == 0 or late_but_done(done.stdout), done.stderr[-3000:]
+    hidden = [e for e in events(run_dir, "fault.injected") if e["kind"] == "eventual"]
+    launches = {e["instance_id"]: e for e in events(run_dir, "instance.launch")}
+    assert launches and {e["detail"].split()[0] for e in hidden} == set(launches)  # the fault fired, for each
+    assert not [e for e in events(run_dir, "node.lost") if "not listed" in e["reason"]]
+    for e in events(run_dir, "instance.terminated"):  # EC2 confirms only once it lists the instance
+        assert _run_s(e, wall_s(launches[e["instance_id"]])) >= hide_s - 1.0, e
+    assert {e["instance_id"] for e in events(run_dir, "instance.terminated")} == set(launches)
+    assert_every_task_done_once(run_dir, TASKS)
+    assert_ec2_matches_the_journal(run_dir)
+    assert_nothing_left(run_dir)
+
+
+@pytest.mark.slow
+def test_a_launch_retried_after_a_lost_response_while_ec2_hides_it_is_answered_by_its_token(tmp_path, run_dir):
+    """The retry's look-up by token finds nothing (EC2 does not list the new instances yet):
+    only EC2's idempotency, which the dry run emulates and moto lacks, keeps the retried
+    RunInstances from launching a second set."""
+    inv, bag = write_inputs(tmp_path, task_s=LONG_TASK_S)
+    done = broker(*run_args(inv, bag, run_dir), faults="lost_response:RunInstances:1,eventual:90", keep_moto=True)
+    assert done.returncode == 0 or late_but_done(done.stdout), done.stderr[-3000:]
+    kinds = [k for op, k in injected(run_dir) if op == "RunInstances"]
+    assert kinds[:2] == ["lost_response", "idempotent"], kinds  # the retry was answered from the token
+    first = events(run_dir, "aws.run_instances")[0]
+    assert (first["attempts"], first["reused"], first["launched"]) == (2, False, first["requested"])
+    assert events(run_dir, "instance.launch_failed") == []
+    assert_every_task_done_once(run_dir, TASKS)
+    assert_ec2_matches_the_journal(run_dir)  # the lost response's instances were not launched again
+    assert_nothing_left(run_dir)
+
+
+@pytest.mark.slow
+def test_an_instance_stuck_pending_is_seen_pending_and_left_terminated(tmp_path, run_dir):
+    inv, bag = write_inputs(tmp_path, task_s=LONG_TASK_S)
+    done = broker(*run_args(inv, bag, run_dir), faults="stuck_pending:1", keep_moto=True)
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    stuck = [e for e in events(run_dir, "fault.injected") if e["kind"] == "stuck_pending"]
+    assert [e["operation"] for e in stuck][0] == "RunInstances"
+    assert "DescribeInstances" in {e["operation"] for e in stuck}, stuck  # EC2 was asked, and said pending
+    assert_every_task_done_once(run_dir, TASKS)
+    assert_ec2_matches_the_journal(run_dir)  # terminated, pending or not
+    assert_nothing_left(run_dir)
+
+
+@pytest.mark.slow
+def test_an_ec2_outage_from_the_first_launch_loses_nothing_and_leaves_nothing_billing(tmp_path, run_dir):
+    inv, bag = write_inputs(tmp_path, task_s=LONG_TASK_S)
+    done = broker(*run_args(inv, bag, run_dir), faults="outage:600", keep_moto=True, timeout_s=600.0)
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    outage = [e for e in events(run_dir, "fault.injected") if e["kind"] == "outage"]
+    assert outage and outage[0]["operation"] == "RunInstances"
+    assert {e["code"] for e in events(run_dir, "aws.retry")} >= {"EndpointConnectionError"}
+    assert_every_task_done_once(run_dir, TASKS)
+    in_moto = moto_by_token(run_dir)  # the run may or may not have launched once EC2 was back
+    assert {i for g in in_moto.values() for i, _ in g} == {i for (i,) in query(run_dir, "SELECT id FROM instances")}
+    assert {s for g in in_moto.values() for _, s in g} <= {"terminated"}
+    assert_nothing_left(run_dir)
+
+
 def test_a_partial_launch_is_topped_up_on_another_type(tmp_path, run_dir):
     inv, bag = write_inputs(tmp_path, task_s=LONG_TASK_S)  # see the test above
     done = broker(*run_args(inv, bag, run_dir), faults="partial:c5.large", keep_moto=True)

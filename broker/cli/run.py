@@ -309,7 +309,7 @@ def _execute(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, margin_
         events = stack.enter_context(open(run_dir / EVENTS_FILE, "a", encoding="utf-8"))
         configure_logging(level=args.log_level, extra_files=[events], bind={"run_id": run_id})
         stack.callback(configure_logging, level=args.log_level)  # stop writing to the closed file
-        fleet = _fleet(args, inventory, run_id, run_dir, server_process, resume, stack, state)
+        fleet = _fleet(args, inventory, run_id, run_dir, server_process, resume, stack, state, scale)
         if crash is not None:
             fleet = CrashingFleet(fleet, crash)
         clock = _clock(run_dir, scale, resume)
@@ -372,10 +372,11 @@ def run_verdict(goal, report):
     return judge(goal.kind, goal.value, facts)
 
 
-def _fleet(args, inventory, run_id, run_dir, server_process, resume, stack, state):
+def _fleet(args, inventory, run_id, run_dir, server_process, resume, stack, state, scale=1.0):
     """EC2 for the run: the run directory's moto server in a dry run (faults injected if
-    asked; stopped at the end unless the run was left), boto3 otherwise (or no EC2 at all for
-    a run that never rents: :func:`_live_fleet`)."""
+    asked, EC2's client-token idempotency emulated always, durations in run time; stopped at
+    the end unless the run was left), boto3 otherwise (or no EC2 at all for a run that never
+    rents: :func:`_live_fleet`)."""
     from broker.shells.aws import Ec2Fleet
 
     if not args.dry_run:
@@ -393,13 +394,14 @@ def _fleet(args, inventory, run_id, run_dir, server_process, resume, stack, stat
             stop_moto_server(run_dir)
 
     stack.callback(stop_server)
-    if getattr(args, "fault_entries", None):
-        from broker.shells.faults import SpecFaultInjector
+    import time
 
-        injector = SpecFaultInjector(args.fault_entries)
-        injector.on_inject = lambda i: structlog.get_logger().warning(
-            "fault.injected", operation=i.operation, kind=i.kind.value, call=i.operation_call, detail=i.detail)
-        injector.attach(client)
+    from broker.shells.faults import SpecFaultInjector
+
+    injector = SpecFaultInjector(getattr(args, "fault_entries", None) or (), clock=lambda: time.monotonic() * scale)
+    injector.on_inject = lambda i: structlog.get_logger().warning(
+        "fault.injected", operation=i.operation, kind=i.kind.value, call=i.operation_call, detail=i.detail)
+    injector.attach(client)
     return Ec2Fleet(client, settings, run_id)
 
 

@@ -167,7 +167,8 @@ CATALOGUE: dict[str, EventSpec] = {
         _spec("aws.terminate_failed", "TerminateInstances failed", "instance_ids kind code"),
         _spec("aws.describe_failed", "DescribeInstances failed", "kind code"),
         _spec("aws.reconciled", "the journal's instances compared with EC2's", "adopted missing strays"),
-        _spec("fault.injected", "`BROKER_DRY_RUN_FAULTS`: an EC2 fault was injected into a dry run's call",
+        _spec("fault.injected", "`BROKER_DRY_RUN_FAULTS`: an EC2 fault was injected into a dry run's call "
+              "(kind `idempotent`: a RunInstances answered from its client token, as EC2 does)",
               "operation kind call detail"),
         _spec("aws.retry", "an EC2 call is retried after a throttle or a transient error",
               "operation attempt code delay_s"),

@@ -41,6 +41,10 @@ from broker.shells.journal import Journal
 
 from .types import Fleet
 
+# How long an instance EC2 has never listed may stay unlisted before it counts as gone (run s):
+# describe is eventually consistent after a launch, for seconds, sometimes minutes.
+UNLISTED_GRACE_S = 600.0
+
 LANES = {"launch": "launch", "terminate": "terminate", "stray": "terminate", "describe": "describe"}
 
 
@@ -300,14 +304,14 @@ class Ec2Actuator:
             self.states[r.id] = r.state
         return Surveyed(outcome.instances, c.sent_at_s)
 
-    @staticmethod
-    def gone_and_unknown(surveyed: Surveyed, alive: list[tuple[str, float]], known: set[str], grace_s: float,
+    def gone_and_unknown(self, surveyed: Surveyed, alive: list[tuple[str, float]], known: set[str], grace_s: float,
                          in_flight: set[str]) -> tuple[list[tuple[str, str]], list[InstanceRecord]]:
         """Which of ``alive`` (id, launch time) a describe says are gone, with why, and the live
         instances under the run's tag that are not in ``known`` nor launched by a call still
         in flight (``in_flight``: their client tokens). An instance the describe does not list
-        gets ``grace_s`` from its launch to when the describe was sent (describe is
-        eventually consistent after a launch)."""
+        gets ``max(grace_s, UNLISTED_GRACE_S)`` from its launch to when the describe was sent
+        if no describe ever listed it (describe is eventually consistent after a launch); one
+        listed before and listed no more is gone at once."""
         from broker.shells.aws.fleet import TOKEN_TAG
 
         by_id = {r.id: r for r in surveyed.records or ()}
@@ -316,7 +320,8 @@ class Ec2Actuator:
             record = by_id.get(instance_id)
             if record is not None and not record.state.gone:
                 continue
-            if record is None and surveyed.sent_at_s - launched_at < grace_s:
+            if (record is None and instance_id not in self.states
+                    and surveyed.sent_at_s - launched_at < max(grace_s, UNLISTED_GRACE_S)):
                 continue
             state = "not listed by EC2" if record is None else record.state.value
             out.append((instance_id, f"instance {state}: terminated outside the broker"))
