@@ -20,7 +20,9 @@ node is set up once).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import secrets
 from collections import defaultdict, deque
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
@@ -37,14 +39,21 @@ class BagEditRefused(Exception):
     """Continuing with this edit would be wrong; the message says why and what to do."""
 
 
-def task_context(bag: Bag) -> dict[str, Any]:
-    """What the bag's tasks run with besides their command (recorded in the journal)."""
-    return {"env": dict(sorted(bag.env.items())), "workdir": bag.workdir, "setup": bag.setup}
+def task_context(bag: Bag, salt: str | None = None) -> dict[str, Any]:
+    """What the bag's tasks run with besides their command (recorded in the journal). The
+    environment holds secrets, so the journal keeps only a salted digest of it: enough to
+    tell whether it changed, never its values (``salt``: the recorded context's, to compare)."""
+    salt = salt or secrets.token_hex(16)
+    return {"env_salt": salt, "env_sha256": _env_digest(bag.env, salt), "workdir": bag.workdir, "setup": bag.setup}
+
+
+def _env_digest(env: Mapping[str, str], salt: str) -> str:
+    return hashlib.sha256((salt + json.dumps(dict(sorted(env.items())), sort_keys=True)).encode()).hexdigest()
 
 
 def _context_key(context: Mapping[str, Any]) -> tuple[str, str]:
     """The part of every task's key that is the bag's: its environment and working directory."""
-    return json.dumps(dict(context.get("env") or {}), sort_keys=True), context.get("workdir") or ""
+    return context.get("env_sha256") or "", context.get("workdir") or ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +89,7 @@ def match_bag(live: Sequence[tuple[str, str, str]], all_ids: set[str], then: Map
     context ``then``) with ``bag``'s. ``all_ids``: every id the journal holds, dropped ones
     too. ``same_file``: the bag file is the one the journal last recorded (a journal without
     a context can then be resumed as it is). Raises :class:`BagEditRefused`."""
-    now = task_context(bag)
+    now = task_context(bag, salt=then.get("env_salt") if then else None)
     if then is None:
         if not same_file:
             raise BagEditRefused("its journal was written by a broker that did not record what its tasks ran with "
