@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from broker.core.control.actions import Launch, ScheduleRelease
 from broker.core.control.ledger import Followup
+from broker.core.units import format_duration
 
-from .types import SETUP_TASK, Attached, BootDone, ReleaseDue
+from .attempts import _round
+
+from .types import SETUP_TASK, Attached, AttachRetrying, BootDone, ReleaseDue
 
 
 class NodesMixin:
@@ -86,12 +89,63 @@ class NodesMixin:
             return self._on_attached(Attached(instance_id, None, exc))
         return self._on_attached(Attached(instance_id, client, None))
 
+    # -- private nodes at start-up ------------------------------------------------------------
+    def _attach_private_nodes(self) -> None:
+        """Every private node's agent at once: a local one here, those over SSH in the
+        background (bounded concurrency, see :class:`~broker.shells.nodes.SshAgents`), each
+        retried with backoff for its grace. A node not reached yet is not lost: it takes no
+        work, the run waits for it (it is a node to run on), and it joins when it answers."""
+        background = getattr(self.nodes, "attach_private_in_background", None)
+        for p in self.inv.private:
+            self.clients[p.name] = None
+            if background is not None and background(
+                    p.name, lambda client, error, n=p.name: self._post(Attached(n, client, error)),
+                    lambda error, n=p.name: self._post(AttachRetrying(n, error))):
+                continue
+            try:
+                client = self.nodes.attach(p.name, p.slots)
+            except Exception as exc:  # noqa: BLE001 - any failure to reach a node is reported, not fatal
+                self._on_attached(Attached(p.name, None, exc))
+                continue
+            self._on_attached(Attached(p.name, client, None))
+
+    def _on_attach_retrying(self, m: AttachRetrying) -> bool:
+        node = self.ledger.nodes.get(m.node)
+        if node is None or not node.alive or self.clients.get(m.node) is not None:
+            return False
+        grace = getattr(self.nodes, "grace_s", lambda _node: None)(m.node)
+        self._emit("node.unreachable", node=m.node, reason=str(m.error), grace_s=_round(grace, 3))
+        self._notice(f"warning: private node {m.node} did not answer ({m.error}); it is tried again in the "
+                     f"background{f' for up to {format_duration(grace)}' if grace else ''}, and the run waits for it")
+        return False
+
+    def _private_not_attached(self, node_id: str, error: BaseException) -> bool:
+        """A private node's agent could not be started: refused (a host key, our key, the
+        inventory: no wait mends it) or not reached within its grace. The run goes on
+        without it, and says so on the console."""
+        from broker.shells.ssh_errors import is_refusal
+
+        refused = is_refusal(error)
+        self.ledger.on_node_lost(node_id, self.clock.now_s())
+        self._emit("node.lost", node=node_id, reason=f"could not start its agent: {error}", refused=refused)
+        what = "refused" if refused else "not reached"
+        self._notice(f"warning: private node {node_id} {what}: {error}. The run goes on without it")
+        return True
+
+    def _notice(self, text: str) -> None:
+        """A line for the person watching the console (warnings they must see off a terminal too)."""
+        on_notice = getattr(self, "on_notice", None)
+        if on_notice is not None:
+            on_notice(text)
+
     def _on_attached(self, m: Attached) -> bool:
         node = self.ledger.nodes.get(m.instance_id)
-        if node is None or not node.alive:  # released while its agent was being reached
+        if node is None or not node.alive or (self.stopping and node.type is None):  # released meanwhile
             if m.client is not None:
                 self.nodes.stop(m.instance_id, m.client)
             return False
+        if m.error is not None and node.type is None:
+            return self._private_not_attached(node.id, m.error)
         if m.error is not None:
             self._emit("node.lost", node=node.id, reason=f"could not start its agent: {m.error}")
             _, followups = self.ledger.on_node_lost(node.id, self.clock.now_s())
@@ -124,5 +178,15 @@ class NodesMixin:
 
     # -- the fleet against EC2, every tick ---------------------------------------------------
     def _reconcile_fleet(self) -> bool:
-        """The fleet against EC2 (sweep.py): lost, unknown and unconfirmed instances."""
+        """The fleet against EC2 (sweep.py): lost, unknown and unconfirmed instances; and when
+        each node's agent was last heard from, for ``broker status``."""
+        self._record_heard()
         return self._survey_fleet()
+
+    def _record_heard(self) -> None:
+        import time
+
+        now, wall = self.clock.now_s(), time.monotonic()
+        heard = {node: now - max(0.0, wall - client.heard_at) * self.clock.time_scale
+                 for node, client in self.clients.items() if getattr(client, "heard_at", None) is not None}
+        self.journal.record_heard(heard)
