@@ -99,6 +99,9 @@ def test_the_report_lists_each_node_in_json_and_in_words(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "node h0: up, 2 slots, 1 task done, last heard 1s before the end" in text, text
     assert "node h3: refused, 2 slots, 0 tasks done, never heard from" in text
+    assert "node refused: h3 at 2s (could not start its agent: host key for 10.0.0.4:22" in text, text
+    assert "node lost: h4 at 20s (not reached again within its grace)" in text
+    assert "finished on 3 of the 6 private nodes it was given (h1 never reached, h3 refused, h4 lost)" in text
 
 
 def test_metrics_have_per_node_gauges_labelled_by_node(tmp_path):

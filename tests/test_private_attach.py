@@ -143,3 +143,26 @@ def test_an_attach_that_succeeds_after_stop_stops_the_agent_it_started():
         nodes_module.AgentClient = original
     assert result["client"] is None and isinstance(result["error"], ConnectionAbortedError)
     assert stopped == ["shutdown", "close"]  # nobody is left to take it: its agent is stopped
+
+
+def test_a_resume_reaches_its_nodes_agents_at_once():
+    """On resume the agents are reached in parallel too, each told what the journal says it
+    runs: the fake attach below only succeeds once all three are under way together (one
+    after another, the barrier breaks)."""
+    from broker.shells.run.resume import _attach_all
+
+    barrier = threading.Barrier(3, timeout=30)
+    calls = []
+
+    def attach(node, slots, expect):
+        calls.append((node, slots, expect))
+        barrier.wait()
+        return f"client-{node}"
+
+    ledger = types.SimpleNamespace(nodes={n: types.SimpleNamespace(slots=2) for n in ("h0", "h1", "h2")})
+    daemon = types.SimpleNamespace(ledger=ledger, nodes=types.SimpleNamespace(attach=attach), tasks={"t1"},
+                                   _run_of=lambda task, attempt: (task, attempt))
+    running = {"h1": [types.SimpleNamespace(task_id="t1", attempt=3), types.SimpleNamespace(task_id="gone", attempt=1)]}
+    outcome = _attach_all(daemon, ["h0", "h1", "h2"], running)
+    assert outcome == {n: (f"client-{n}", None) for n in ("h0", "h1", "h2")}
+    assert sorted(calls) == [("h0", 2, ()), ("h1", 2, (("t1", 3),)), ("h2", 2, ())]

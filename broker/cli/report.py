@@ -202,6 +202,8 @@ def nodes_lost(journal: Journal, run_dir: Path, start_s: float) -> dict[str, Any
             continue
         if name in _NODE_GONE:
             lost[node] = {"node": node, "at_s": round(at - start_s, 3), "reason": str(f.get("reason", name))}
+            if f.get("refused"):  # it refused us at start (host key, our key): not retried
+                lost[node]["refused"] = True
         elif node in lost:
             rejoined.add(node)
             del lost[node]
@@ -221,16 +223,24 @@ def _nodes_lines(report: dict[str, Any]) -> list[str]:
     was given says so (the run still succeeded: exit 0)."""
     nodes = report.get("nodes") or {}
     lines = [_node_line(n, report["state"] == "running") for n in nodes.get("list", [])]
-    lines += [f"  node lost: {n['node']} at {format_duration(max(0.0, n['at_s']))} ({n['reason']})"
-              for n in nodes.get("lost", [])]
+    lines += [f"  node {'refused' if n.get('refused') else 'lost'}: {n['node']} at "
+              f"{format_duration(max(0.0, n['at_s']))} ({n['reason']})" for n in nodes.get("lost", [])]
     given = nodes.get("private", [])
-    gone = [n["node"] for n in nodes.get("lost", []) if n.get("private")]
+    gone = [f"{n['node']} {'refused' if n.get('refused') else 'lost'}" for n in nodes.get("lost", []) if n.get("private")]
+    if "list" in nodes:  # also those never reached (still tried when the bag was done)
+        gone = [f"{n['node']} {_SHORT[n['state']]}" for n in nodes["list"] if n["state"] in _SHORT
+                and not (n["state"] in ("starting", "waiting") and (n["done"] or n["last_heard_s"] is not None))]
     if gone and report["state"] == "finished":
         lines.append(f"  finished on {len(given) - len(gone)} of the {len(given)} private nodes it was given "
-                     f"({', '.join(gone)} lost)")
+                     f"({', '.join(gone)})")
     if nodes.get("rejoined"):
         lines.append(f"  rejoined after being lost: {', '.join(nodes['rejoined'])}")
     return lines
+
+
+# A private node's state (node_view) that means the run finished without it, as the report says it.
+_SHORT = {"starting": "never reached", "waiting": "never reached", "lost": "lost", "refused": "refused",
+          "quarantined": "quarantined"}
 
 
 def _node_line(n: dict[str, Any], running: bool) -> str:
