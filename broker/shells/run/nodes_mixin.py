@@ -9,7 +9,6 @@ from broker.core.control.ledger import Followup
 from broker.core.units import format_duration
 
 from .attempts import _round
-
 from .types import SETUP_TASK, Attached, AttachRetrying, BootDone, ReleaseDue
 
 
@@ -134,9 +133,8 @@ class NodesMixin:
 
     def _notice(self, text: str) -> None:
         """A line for the person watching the console (warnings they must see off a terminal too)."""
-        on_notice = getattr(self, "on_notice", None)
-        if on_notice is not None:
-            on_notice(text)
+        if self.on_notice is not None:
+            self.on_notice(text)
 
     def _on_attached(self, m: Attached) -> bool:
         node = self.ledger.nodes.get(m.instance_id)
