@@ -11,6 +11,8 @@ namespaces whose link the test cuts (``tests/netns_hosts.py``).
 from __future__ import annotations
 
 import json
+import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +24,13 @@ from tests.test_dryrun import events, query
 from tests.test_netns_runs import _env, _wait, _write_inputs
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slow]
+
+
+def _running(run_dir: Path) -> int:
+    try:
+        return query(run_dir, "SELECT count(*) FROM attempts WHERE outcome = 'running'")[0][0]
+    except sqlite3.Error:  # no journal yet
+        return 0
 
 
 def _events_of(run_dir: Path, name: str) -> list[dict]:
@@ -93,3 +102,51 @@ def test_a_run_whose_nodes_never_answer_waits_their_grace_then_exits_1_naming_th
     assert json.loads(lost[0][1]).get("refused") is False
     assert f"node lost: {host.name} at " in done.stdout, done.stdout  # the report names it
     assert query(run_dir, "SELECT count(*) FROM tasks WHERE state = 'done'") == [(0,)]
+
+
+def test_a_host_unreachable_on_resume_keeps_its_tasks_and_rejoins(netns_hosts_factory, tmp_path):
+    """A run left (``--on-stop leave``) is resumed while one host's link is down: that host is
+    tried again in the background, the tasks its agent runs are held (not re-run elsewhere),
+    and once its link is back its agent reports them and the run finishes, each task done
+    once, where it started. Before: the host was lost at once and its tasks re-queued."""
+    hosts = netns_hosts_factory(2)
+    late, flag = hosts[1], tmp_path / "go"
+    (tmp_path / "tasks.csv").write_text("command,estimate_user\n" + "".join(
+        f'"while [ ! -e {flag} ]; do sleep 0.2; done; echo {i}",10\n' for i in range(4)))
+    inventory, bag = _write_inputs(tmp_path, hosts, 2, "csv: tasks.csv\ntimeout: 10m\nretries: 0\n", grace="5m")
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    home.mkdir()
+    command = [sys.executable, "-m", "broker", "run", "--yes", "--inventory", str(inventory), str(bag),
+               "--run-dir", str(run_dir), "--tick", "5s", "--on-stop", "leave"]
+    first = subprocess.Popen(command, env=_env(home), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        _wait(lambda: _running(run_dir) == 4, 180, "all four tasks running, two on each host")
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=120)
+    on_late = {t for (t,) in query(run_dir, f"SELECT task_id FROM attempts WHERE node = '{late.name}'")}
+    assert len(on_late) == 2, on_late
+    late.cut_link()
+    second = subprocess.Popen(command, env=_env(home), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        _wait(lambda: any(e["node"] == late.name for e in _events_of(run_dir, "node.unreachable")), 180,
+              f"{late.name} reported unreachable on resume")
+        late.restore_link()
+        _wait(lambda: [e["node"] for e in _events_of(run_dir, "agent.reattached")].count(late.name) >= 1, 240,
+              f"{late.name} back once its link is back")
+        flag.touch()
+        stdout, stderr = second.communicate(timeout=300)
+    finally:
+        flag.touch()
+        if second.poll() is None:
+            second.kill()
+            second.communicate()
+    assert second.returncode == 0, stdout + stderr[-3000:]
+    assert f"warning: private node {late.name} did not answer on resume" in stdout, stdout
+    assert _events_of(run_dir, "node.lost") == []
+    done = dict(query(run_dir, "SELECT t.id, a.node || ':' || a.attempt FROM tasks t JOIN attempts a"
+                               " ON a.task_id = t.id AND a.attempt = t.done_attempt"))
+    assert len(done) == 4 and all(done[t] == f"{late.name}:1" for t in on_late), done  # held, not re-run
+    assert query(run_dir, "SELECT count(*) FROM attempts") == [(4,)]  # no task was started twice

@@ -93,6 +93,7 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
         self.controller = Controller(goal, self.config, private=inventory.private)
         self.confirm, self.on_first_plan, self.on_progress = confirm, on_first_plan, on_progress
         self.on_notice = on_notice  # a warning line for the console (a node refused, waited for)
+        self.resumed_waiting: dict[str, bool] = {}  # node -> was ready: unreachable on resume, tried again
         self.samples = samples
         self.policy = failure_policy or FailurePolicy(retries=bag.retries)
         self.types = {t.name: t for t in inventory.types}

@@ -125,10 +125,31 @@ class NodesMixin:
         from broker.shells.ssh_errors import is_refusal
 
         refused = is_refusal(error)
-        self.ledger.on_node_lost(node_id, self.clock.now_s())
+        self.resumed_waiting.pop(node_id, None)
+        ended, followups = self.ledger.on_node_lost(node_id, self.clock.now_s())
         self._emit("node.lost", node=node_id, reason=f"could not start its agent: {error}", refused=refused)
+        for e in ended:  # attempts a resume held there (resume.py): lost, re-queued, no failure of their tasks
+            self.journal.attempt_lost(e.attempt.task_id, e.attempt.attempt, f"node {node_id} lost: {error}")
+            self._failed(e, f"node {node_id} lost: {error}")
+        self._carry_out(followups)
         what = "refused" if refused else "not reached"
         self._notice(f"warning: private node {node_id} {what}: {error}. The run goes on without it")
+        return True
+
+    def _resumed_node_back(self, node: str, client, was_ready: bool) -> bool:
+        """A node that did not answer on resume answered (resume.py ``_wait_for``): its agent
+        was told the attempts held there; it takes work again."""
+        self.clients[node] = client
+        now = self.clock.now_s()
+        self.ledger.on_node_back(node, now)
+        hello = client.hello
+        self._emit("agent.reattached", node=node, attempts=len(self.ledger.nodes[node].running),
+                   agent_running=len(hello.running) if hello else 0,
+                   pending_results=hello.pending_results if hello else 0)
+        if was_ready:
+            self.ledger.on_node_ready(node, now)
+        else:
+            self._node_attached(node)
         return True
 
     def _notice(self, text: str) -> None:
@@ -144,6 +165,8 @@ class NodesMixin:
             return False
         if m.error is not None and node.type is None:
             return self._private_not_attached(node.id, m.error)
+        if node.type is None and node.id in self.resumed_waiting:
+            return self._resumed_node_back(node.id, m.client, self.resumed_waiting.pop(node.id))
         if m.error is not None:
             self._emit("node.lost", node=node.id, reason=f"could not start its agent: {m.error}")
             _, followups = self.ledger.on_node_lost(node.id, self.clock.now_s())

@@ -219,6 +219,8 @@ def _reattach(d: "Daemon", node: str, running: list, was_ready: bool,
         else:
             client = attached[0]
     except Exception as exc:  # noqa: BLE001 - an unreachable node is reported, not fatal
+        if attached is not None and _wait_for(d, node, kept, was_ready, exc):
+            return 0
         now = d.clock.now_s()
         _, followups = d.ledger.on_node_lost(node, now)
         from broker.shells.ssh_errors import is_refusal
@@ -243,3 +245,31 @@ def _reattach(d: "Daemon", node: str, running: list, was_ready: bool,
     else:
         d._node_attached(node)
     return count
+
+
+def _wait_for(d: "Daemon", node: str, kept: list, was_ready: bool, error: BaseException) -> bool:
+    """A private node over SSH that did not answer on resume is tried again in the background
+    for its grace, as at start; meanwhile it is away: the attempts the journal says it runs are
+    held there (its agent may be running them still), it takes no new work. When it answers
+    its agent is told those attempts (those it no longer knows come back lost); past its grace
+    it is lost and they are re-queued (nodes_mixin.py). False for a node not waited for (a
+    refusal, a local node, an instance): it is lost at once."""
+    from broker.shells.ssh_errors import is_transient
+
+    from .types import Attached
+
+    start = getattr(d.nodes, "attach_private_in_background", None)
+    expect = tuple(d._run_of(a.task_id, a.attempt) for a in kept)
+    if start is None or not is_transient(error) or not start(
+            node, lambda client, e: d._post(Attached(node, client, e)), lambda _e: None, expect=expect):
+        return False
+    now = d.clock.now_s()
+    for a in kept:
+        d.ledger.resume_attempt(a.task_id, a.attempt, node, a.started_at_s if a.started_at_s is not None else now)
+    d.ledger.on_node_away(node, now)
+    d.resumed_waiting[node] = was_ready
+    grace = d.nodes.grace_s(node)
+    d._emit("node.unreachable", node=node, reason=str(error), grace_s=grace)
+    d._notice(f"warning: private node {node} did not answer on resume ({error}); it is tried again in the "
+              f"background for up to {grace:g} s, holding the {len(kept)} task(s) it ran, and the run waits for it")
+    return True
