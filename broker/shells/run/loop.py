@@ -382,6 +382,7 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
             self.timers.shutdown()
         if self.leaving:
             return self._leave()
+        self._record_heard()  # nodes_mixin.py: the last word from each agent, for the report
         for node in self.ledger.live_nodes():
             if node.type is not None:
                 if node.release_at_s is None or node.release_at_s > now:
@@ -390,7 +391,6 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
                                cause=cause)
                 self._release(node.id, cause)
         self.unterminated = self._final_sweep()
-        self._record_heard()  # nodes_mixin.py: the last word from each agent, for the report
         for name in list(self.clients):
             node = self.ledger.nodes[name]
             if node.type is None:

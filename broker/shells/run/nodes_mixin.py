@@ -6,10 +6,8 @@ from __future__ import annotations
 
 from broker.core.control.actions import Launch, ScheduleRelease
 from broker.core.control.ledger import Followup
-from broker.core.units import format_duration
 
-from .attempts import _round
-from .types import SETUP_TASK, Attached, AttachRetrying, BootDone, ReleaseDue
+from .types import SETUP_TASK, Attached, BootDone, ReleaseDue
 
 
 class NodesMixin:
@@ -94,6 +92,8 @@ class NodesMixin:
         background (bounded concurrency, see :class:`~broker.shells.nodes.SshAgents`), each
         retried with backoff for its grace. A node not reached yet is not lost: it takes no
         work, the run waits for it (it is a node to run on), and it joins when it answers."""
+        from .types import AttachRetrying
+
         background = getattr(self.nodes, "attach_private_in_background", None)
         for p in self.inv.private:
             self.clients[p.name] = None
@@ -108,7 +108,13 @@ class NodesMixin:
                 continue
             self._on_attached(Attached(p.name, client, None))
 
-    def _on_attach_retrying(self, m: AttachRetrying) -> bool:
+    def _on_attach_retrying(self, m) -> bool:
+        """A private node's first try at start failed (``AttachRetrying``): say that it is
+        tried again, and that the run waits for it."""
+        from broker.core.units import format_duration
+
+        from .attempts import _round
+
         node = self.ledger.nodes.get(m.node)
         if node is None or not node.alive or self.clients.get(m.node) is not None:
             return False
