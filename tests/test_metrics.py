@@ -55,6 +55,10 @@ def test_scrapes_during_a_dry_run_follow_its_progress(observed_dry_run):
     types = {e["type"] for e in run.events("instance.launch")}
     assert any(value(s, "broker_instances", type=t, state="running") for s in during for t in types)
     assert any(value(s, "broker_committed_usd") > 0 for s in during)
+    # The private node, by name (issue 18): its slots; up, with its agent's last word recorded.
+    assert {value(s, "broker_node_slots", node="local") for s in during} - {None} == {2}
+    assert any(value(s, "broker_node_state", node="local", state="up") == 1.0
+               and value(s, "broker_node_last_heard_seconds", node="local") is not None for s in during)
     assert all(value(s, "broker_budget_left_usd") is None for s in during)  # a deadline goal has no budget
     # Once planned: the interval is ordered and its high end is the plan's makespan.
     planned = [s for s in during if value(s, "broker_planned_makespan_seconds") is not None]

@@ -92,6 +92,8 @@ def test_the_report_names_the_nodes_lost_and_a_run_finished_on_fewer_private_nod
         journal.task_finished("t0", 1, AttemptResult(exit_code=0, runtime_s=20.0), node="h0", at_s=21.0)
         journal.finish_run("finished", at_s=21.0)
     report = report_json(run_dir, capsys)
+    assert [(n["node"], n["state"], n["done"]) for n in report["nodes"].pop("list")] == [
+        ("h0", "starting", 1), ("h1", "rejoined", 0), ("h2", "lost", 0)]  # per node: tests/test_node_view.py
     assert report["nodes"] == {"private": ["h0", "h1", "h2"], "rejoined": ["h1"], "lost": [
         {"node": "h2", "at_s": 12.0, "reason": "the agent closed the connection", "private": True}]}
     assert main(["report", str(run_dir)]) == 0

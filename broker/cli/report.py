@@ -33,6 +33,7 @@ from broker.cli.terminal import goal_text, promise_figures, promise_text
 from broker.core.units import format_duration
 from broker.shells.journal import JOURNAL_FILE, Journal, JournalError
 from broker.shells.metrics import anchor_s, figures, run_now_s
+from broker.shells.node_view import node_rows
 
 
 def register(subparsers) -> None:
@@ -143,7 +144,7 @@ def build(journal: Journal, run_dir: Path, now_s: float | None = None) -> dict[s
         "private_cost_usd": round(max(private_usd, 0.0), 6),
         "utilization_by_type": utilization(run_dir, journal, end),
         "failed_tasks": failed,
-        "nodes": nodes_lost(journal, run_dir, start),
+        "nodes": nodes_lost(journal, run_dir, start) | {"list": node_rows(journal, end, start)},
         "time_scale": float(record.options.get("time_scale", 1.0)),
         "budget_stopped": bool(budget_stops),
         "first_plan": first,
@@ -201,6 +202,8 @@ def nodes_lost(journal: Journal, run_dir: Path, start_s: float) -> dict[str, Any
             continue
         if name in _NODE_GONE:
             lost[node] = {"node": node, "at_s": round(at - start_s, 3), "reason": str(f.get("reason", name))}
+            if f.get("refused"):  # it refused us at start (host key, our key): not retried
+                lost[node]["refused"] = True
         elif node in lost:
             rejoined.add(node)
             del lost[node]
@@ -219,16 +222,33 @@ def _nodes_lines(report: dict[str, Any]) -> list[str]:
     """The nodes lost (human report); a finished run that ended on fewer private nodes than it
     was given says so (the run still succeeded: exit 0)."""
     nodes = report.get("nodes") or {}
-    lines = [f"  node lost: {n['node']} at {format_duration(max(0.0, n['at_s']))} ({n['reason']})"
-             for n in nodes.get("lost", [])]
+    lines = [_node_line(n, report["state"] == "running") for n in nodes.get("list", [])]
+    lines += [f"  node {'refused' if n.get('refused') else 'lost'}: {n['node']} at "
+              f"{format_duration(max(0.0, n['at_s']))} ({n['reason']})" for n in nodes.get("lost", [])]
     given = nodes.get("private", [])
-    gone = [n["node"] for n in nodes.get("lost", []) if n.get("private")]
+    gone = [f"{n['node']} {'refused' if n.get('refused') else 'lost'}" for n in nodes.get("lost", []) if n.get("private")]
+    if "list" in nodes:  # also those never reached (still tried when the bag was done)
+        gone = [f"{n['node']} {_SHORT[n['state']]}" for n in nodes["list"] if n["state"] in _SHORT
+                and not (n["state"] in ("starting", "waiting") and (n["done"] or n["last_heard_s"] is not None))]
     if gone and report["state"] == "finished":
         lines.append(f"  finished on {len(given) - len(gone)} of the {len(given)} private nodes it was given "
-                     f"({', '.join(gone)} lost)")
+                     f"({', '.join(gone)})")
     if nodes.get("rejoined"):
         lines.append(f"  rejoined after being lost: {', '.join(nodes['rejoined'])}")
     return lines
+
+
+# A private node's state (node_view) that means the run finished without it, as the report says it.
+_SHORT = {"starting": "never reached", "waiting": "never reached", "lost": "lost", "refused": "refused",
+          "quarantined": "quarantined"}
+
+
+def _node_line(n: dict[str, Any], running: bool) -> str:
+    """One private node: ``node h0: up, 2 slots, 6 tasks done, last heard 1s before the end``."""
+    heard = "never heard from" if n["last_heard_ago_s"] is None else \
+        f"last heard {format_duration(n['last_heard_ago_s'])} {'ago' if running else 'before the end'}"
+    return (f"  node {n['node']}: {n['state']}, {n['slots']} slot{'s' if n['slots'] != 1 else ''}, "
+            f"{n['done']} task{'s' if n['done'] != 1 else ''} done, {heard}")
 
 
 def _noted_failures(run_dir: Path) -> list[dict[str, Any]]:

@@ -441,7 +441,7 @@ def _run_daemon(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, marg
         journal=journal, clock=clock, fleet=fleet, nodes=nodes, inbox=inbox,
         config=ControllerConfig(tick_s=tick_s, margin_s=margin_s, confidence=confidence_from_args(args)),
         confirm=printer.confirm, on_first_plan=printer.show_plan, on_progress=printer.progress,
-        samples=args.prior_samples,
+        samples=args.prior_samples, on_notice=printer.say,
     )
     previous = {sig: signal.signal(sig, lambda *_: daemon.request_stop("user_stop"))
                 for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -24,8 +24,10 @@ so this is safe while the daemon writes.
   makespan_s and cost_usd, and their ranges and confidence when the promise has them), ``eta``
   (low_s, expected_s, high_s left, confidence), ``promise_now`` (the promise standing now, the
   last plan's: ``{"confidence", "makespan_s", "makespan_s_range", "cost_usd",
-  "cost_usd_range"}``, or null) and ``instance_list`` (each instance's id, type,
-  state, tasks, billing, launched_at_s, paid_until_s, release_at_s). Times in JSON are run
+  "cost_usd_range"}``, or null), ``instance_list`` (each instance's id, type,
+  state, tasks, billing, launched_at_s, paid_until_s, release_at_s) and ``node_list`` (each
+  private node's node, slots, running, done, state, since_s, last_heard_s, last_heard_ago_s,
+  reason: :mod:`broker.shells.node_view`; the human view shows the same table). Times in JSON are run
   seconds (from the run's start, or left for the ETA); everywhere else they are human;
 - ``--watch``: redraw every ``--interval`` (default 5s) until the run is no longer running,
   or Ctrl-C; it waits for a journal that does not exist yet (a run about to start).
@@ -51,6 +53,7 @@ from broker.cli.terminal import goal_text, promise_text
 from broker.shells.journal import JOURNAL_FILE, Journal, JournalError, Overview, RunRecord
 from broker.shells.metrics import CONFIDENCE_Z, Figures, anchor_s, figures, interval_level, run_now_s
 from broker.shells.logging import json_safe
+from broker.shells.node_view import summary as node_summary
 from broker.shells.runlock import holder
 
 RUNS_DIR = Path("runs")
@@ -171,6 +174,7 @@ class View:
     done_in_window: int
     running_by_node: Mapping[str, int]
     daemon: Mapping[str, object] | None = None  # who runs it (runlock.holder), None: no daemon
+    nodes: tuple = ()  # the private nodes (broker.shells.node_view.node_rows)
 
     @property
     def overview(self) -> Overview:
@@ -186,7 +190,7 @@ def snapshot(journal: Journal, wall_now_s: float) -> View:
     done = journal.done_since(now - window) if window > 0 else 0
     running = Counter(a.node for a in journal.running_attempts())
     scale = float(run.options.get("time_scale", 1.0) or 1.0) if run is not None else 1.0
-    return View(fig, wall_now_s, scale, window, done, dict(running), holder(Path(journal.path).parent))
+    return View(fig, wall_now_s, scale, window, done, dict(running), holder(Path(journal.path).parent), fig.nodes)
 
 
 def render(view: View, run_dir: Path) -> str:
@@ -226,6 +230,7 @@ def render(view: View, run_dir: Path) -> str:
     if run is not None and run.state == "running":
         lines.extend(_eta_lines(view))
     lines.extend(_fleet_lines(view))
+    lines.extend(_node_lines(view.nodes))
     return "\n".join(lines)
 
 
@@ -370,6 +375,22 @@ def _fleet_lines(view: View) -> list[str]:
     return lines
 
 
+def _node_lines(nodes: tuple) -> list[str]:
+    """The private nodes: state, slots, what each runs, when it was last heard from, and why
+    one that is not up is not."""
+    if not nodes:
+        return []
+    rows = [("NODE", "STATE", "SLOTS", "RUNNING", "LAST HEARD")]
+    for n in nodes:
+        heard = "never" if n["last_heard_ago_s"] is None else f"{format_duration(n['last_heard_ago_s'])} ago"
+        rows.append((n["node"], n["state"], str(n["slots"]), str(n["running"]), heard))
+    widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
+    lines = [f"nodes  {node_summary(list(nodes))}"]
+    lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines += [f"  {n['node']} {n['state']}: {n['reason']}" for n in nodes if n["reason"] and n["state"] != "up"]
+    return lines
+
+
 def _relative(at_s: float, now_s: float) -> str:
     if at_s >= now_s:
         return f"in {format_duration(at_s - now_s)}"
@@ -405,6 +426,7 @@ def status_document(journal: Journal, run_dir: Path, wall_now_s: float) -> dict:
         "low_s": round(max(0.0, interval[0]), 3), "expected_s": round(max(0.0, interval[1]), 3),
         "high_s": round(max(0.0, interval[2]), 3), "confidence": round(interval_level(), 4), "by": "last plan",
     }
+    document["node_list"] = list(view.nodes)  # the private nodes (broker.shells.node_view.node_rows)
     document["instance_list"] = [
         {"id": i.id, "type": i.type_name, "state": i.state, "tasks": view.running_by_node.get(i.id, 0),
          "billing": i.billing.describe(), "launched_at_s": round(i.launched_at_s - start, 3),

@@ -10,7 +10,8 @@ Schema (every key but the marked ones optional)::
         cost_per_hour: 0          # USD >= 0, default 0
         known_hosts: ~/.ssh/known_hosts   # SSH nodes: the file holding the node's host key
         grace: 10m                # a node that stops answering keeps its tasks this long
-                                  # while the broker reconnects; then they are re-queued
+                                  # while the broker reconnects; then they are re-queued.
+                                  # A node that does not answer at start is tried this long
         lease: 1h                 # the node's agent cancels its tasks and exits after this
                                   # long without a broker (a crash nobody resumed)
         keep: 0s                  # how long a finished run's state stays on the node

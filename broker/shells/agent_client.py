@@ -129,6 +129,7 @@ class AgentClient:
         self._started_seen: set[Key] = set()
         self._acked: set[Key] = set()
         self._ping_seq = 0
+        self.heard_at = time.monotonic()  # when the agent last said anything (time.monotonic)
         self._link: _Link
         self._open(transport)
 
@@ -298,6 +299,7 @@ class AgentClient:
                     next_ping = now + self.ping_interval_s
                 continue
             last_heard, first_ping = now, None
+            self.heard_at = now
             next_ping = now + self.ping_interval_s
             link.conn.receive_data(data)
             while True:

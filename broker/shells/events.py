@@ -71,7 +71,10 @@ CATALOGUE: dict[str, EventSpec] = {
         _spec("run.instances_unconfirmed", "the run ended with instances whose termination EC2 never confirmed "
               "(exit 1; run `broker down`)", "instance_ids reason"),
         _spec("node.ready", "a private node's agent answered", "node at_s slots"),
-        _spec("node.lost", "a node stopped answering, or its agent could not start", "node reason"),
+        _spec("node.lost", "a node stopped answering, or its agent could not start (`refused`: a private node "
+              "refused us, e.g. an unknown host key, and was not retried)", "node reason", optional="refused"),
+        _spec("node.unreachable", "a private node did not answer at start: it is tried again in the background "
+              "for its grace while the run waits for it, and joins when it answers", "node reason grace_s"),
         _spec("node.down", "a node's agent is stopping: its attempts are re-run elsewhere, the node takes "
               "no work until its agent is back", "node reason attempts"),
         _spec("node.away", "a private node stopped answering: its tasks are held and its link reconnected in "
@@ -203,7 +206,7 @@ CONSOLE_EVENTS = frozenset((
     "instance.launch", "instance.launch_failed", "instance.ready", "instance.terminated",
     "instance.terminate_failed", "instance.type_avoided", "instance.type_broken", "instance.stray_terminated",
     "run.instances_unconfirmed",
-    "node.ready", "node.lost", "node.away", "node.down", "node.setup_failed", "node.quarantined", "agent.lost",
+    "node.ready", "node.lost", "node.unreachable", "node.away", "node.down", "node.setup_failed", "node.quarantined", "agent.lost",
     "agent.reattach_failed",
     "task.failed", "task.quarantined", "task.outputs_failed",
     "sample.start", "sample.exhausted", "sample.failure", "sample.timeout", "sample.adopted",

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from broker.shells.journal import INSTANCE_STATES, TASK_STATES, Journal, JournalError, Overview, RunRecord
+from broker.shells.node_view import node_rows
 
 # The controller's default z (ControllerConfig.confidence_z); the interval's level follows.
 CONFIDENCE_Z = 1.645
@@ -76,6 +77,7 @@ class Figures:
     # The first plan adopted: what the user was promised (and confirmed), as plain figures
     # (makespan_s, cost_usd; the promise's intervals when its event carries them).
     promise: dict[str, Any] | None = None
+    nodes: tuple = ()  # the private nodes (broker.shells.node_view.node_rows)
 
     @property
     def run(self) -> RunRecord | None:
@@ -144,6 +146,7 @@ def figures(journal: Journal, now_s: float) -> Figures:
         failures=failures,
         planned_cost_usd=planned_usd,
         promise=promise,
+        nodes=tuple(node_rows(journal, now_s, start)),
     )
 
 
@@ -246,6 +249,7 @@ class JournalCollector:
                                             + ("makespan from the run's start" if key == "makespan_s" else "cost"),
                                             value=fig.promise[key])
         yield from _promise_gauges(fig)
+        yield from _node_gauges(fig)
         if fig.mean_ref_s is not None:
             yield GaugeMetricFamily("broker_mean_runtime_estimate_seconds", "estimated mean task runtime on a "
                                     "reference slot (speed 1)", value=fig.mean_ref_s)
@@ -271,6 +275,32 @@ def _promise_gauges(fig: Figures) -> Iterator[Any]:
         yield gauge
     yield GaugeMetricFamily("broker_promise_confidence", "the promise's confidence (1 - delta)",
                             value=float(promise["confidence"]))
+
+
+def _node_gauges(fig: Figures) -> Iterator[Any]:
+    """Each private node (:mod:`broker.shells.node_view`), labelled ``node``: its slots, the
+    attempts it runs, its state (1 for the state it is in, 0 for the others) and the run
+    time since its agent was last heard from (absent until it has been)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    from broker.shells.node_view import NODE_STATES
+
+    if not fig.nodes:
+        return
+    slots = GaugeMetricFamily("broker_node_slots", "a private node's slots", labels=["node"])
+    running = GaugeMetricFamily("broker_node_running", "attempts running on a private node", labels=["node"])
+    state = GaugeMetricFamily("broker_node_state", "a private node's state (1: the one it is in)",
+                              labels=["node", "state"])
+    heard = GaugeMetricFamily("broker_node_last_heard_seconds", "run time since a private node's agent was "
+                              "last heard from", labels=["node"])
+    for n in fig.nodes:
+        slots.add_metric([n["node"]], n["slots"])
+        running.add_metric([n["node"]], n["running"])
+        for s in NODE_STATES:
+            state.add_metric([n["node"], s], 1.0 if n["state"] == s else 0.0)
+        if n["last_heard_ago_s"] is not None:
+            heard.add_metric([n["node"]], n["last_heard_ago_s"])
+    yield from (slots, running, state, heard)
 
 
 class MetricsServer:

@@ -34,6 +34,7 @@ from broker.core.model import PrivateNode
 from broker.shells.agent_client import AgentClient
 from broker.shells.local_transport import attach_local_agent, stop_local_agent
 from broker.shells.private_files import make_private, private_dir
+from broker.shells.ssh_errors import is_transient, raise_with
 
 log = structlog.get_logger()
 
@@ -98,14 +99,17 @@ class SshAgents:
     ``max_delay_s``, each attempt bounded by ``connect_timeout_s``) for as long as they are
     given, so that one node that does not answer holds up neither the daemon's loop nor the
     other nodes; :meth:`abandon` (and :meth:`stop`) makes such a try give up at its next step.
-    A host key unknown or changed, or an unusable key file, is not retried: waiting never
-    mends it.
+    At most ``concurrency`` tries (connect and ship the agent) run at once, whatever the
+    number of nodes; the pauses between tries hold no place. A node that refuses us (a host
+    key unknown or changed, our key refused, an unusable key file, no key) is not retried:
+    waiting never mends it (:func:`~broker.shells.ssh_errors.is_refusal`).
     """
 
     def __init__(self, run_id: str, inbox: queue.Queue, handshake_timeout_s: float = 30.0,
                  known_hosts_path: str | None = None, remote_root: str = REMOTE_AGENT_ROOT,
-                 connect_timeout_s: float = 10.0, max_delay_s: float = 30.0) -> None:
+                 connect_timeout_s: float = 10.0, max_delay_s: float = 30.0, concurrency: int = 8) -> None:
         self.run_id = run_id
+        self._gate = threading.BoundedSemaphore(concurrency)
         self.inbox = inbox
         self.handshake_timeout_s = handshake_timeout_s
         self.known_hosts_path = known_hosts_path
@@ -115,6 +119,7 @@ class SshAgents:
         self._lock = threading.Lock()
         self._sessions: dict[str, Any] = {}
         self._abandoned: set[str] = set()
+        self._handed: dict[str, AgentClient] = {}  # attached in the background, maybe not taken yet
 
     def attach(self, node: PrivateNode, expect: tuple = (), timeout_s: float | None = None) -> AgentClient:
         """Connect (retrying for ``timeout_s`` if given), ship the agent, attach; ``expect``:
@@ -136,11 +141,32 @@ class SshAgents:
         client.reattach(self._open(node, timeout_s))
 
     def attach_in_background(self, node: PrivateNode, done: Callable[[AgentClient | None, BaseException | None], None],
-                             expect: tuple = (), timeout_s: float | None = None) -> None:
+                             expect: tuple = (), timeout_s: float | None = None,
+                             on_retry: Callable[[BaseException], None] | None = None) -> None:
         """:meth:`attach` on a thread of its own, retrying for ``timeout_s`` (the node's grace
-        by default); then ``done(client, None)`` or ``done(None, error)``."""
-        self._background(f"attach-{node.name}", node.name, done,
-                         lambda: self.attach(node, expect, node.grace_s if timeout_s is None else timeout_s))
+        by default); then ``done(client, None)`` or ``done(None, error)``. ``on_retry(error)``
+        is called once, when the first try failed and the node is being tried again. An
+        attach that succeeds after :meth:`abandon` stops the agent it started and reports an
+        error: nobody may be left to take it."""
+        def work() -> AgentClient:
+            transport = self._open(node, node.grace_s if timeout_s is None else timeout_s, on_retry)
+            try:
+                client = AgentClient(transport, node.name, inbox=self.inbox,
+                                     handshake_timeout_s=self.handshake_timeout_s, expect=expect)
+            except Exception:
+                transport.close()
+                self._drop_session(node.name)
+                raise
+            with self._lock:
+                abandoned = node.name in self._abandoned
+                if not abandoned:
+                    self._handed[node.name] = client  # until its taker has it: stop() still reaches it
+            if abandoned:
+                self.stop(node.name, client)
+                raise ConnectionAbortedError(f"private node {node.name}: given up while its agent was started")
+            return client
+
+        self._background(f"attach-{node.name}", node.name, done, work)
 
     def reconnect_in_background(self, node: PrivateNode, done: Callable[[Any, BaseException | None], None],
                                 timeout_s: float | None = None) -> None:
@@ -176,40 +202,39 @@ class SshAgents:
         with self._lock:
             return node in self._abandoned
 
-    def _open(self, node: PrivateNode, timeout_s: float | None = None):
-        """An agent stream to ``node``: one try, or tries for ``timeout_s`` (a link that drops
-        again while the agent is shipped is tried again too)."""
+    def _open(self, node: PrivateNode, timeout_s: float | None = None,
+              on_retry: Callable[[BaseException], None] | None = None):
+        """An agent stream to ``node``: one try, or tries for ``timeout_s`` with doubling
+        pauses (a link that drops again while the agent is shipped is tried again too)."""
         if timeout_s is None:
-            return self._open_once(node, None)
+            return self._open_once(node)
         deadline = time.monotonic() + timeout_s
-        delay = 1.0
+        delay, tries = 1.0, 0
         while True:
+            tries += 1
             try:
-                return self._open_once(node, max(1.0, deadline - time.monotonic()))
+                with self._gate:  # at most `concurrency` tries at once, across all nodes
+                    if self._is_abandoned(node.name):
+                        raise ConnectionAbortedError(f"private node {node.name}: given up while connecting")
+                    return self._open_once(node)
             except Exception as exc:  # noqa: BLE001 - filtered below
-                import paramiko
-
-                from broker.shells.ssh import HostKeyChanged, HostKeyUnknown, KeyFileRejected
-
                 left = deadline - time.monotonic()
-                transient = isinstance(exc, (EOFError, OSError, paramiko.SSHException)) and not isinstance(
-                    exc, (HostKeyChanged, HostKeyUnknown, KeyFileRejected, ConnectionAbortedError))
-                if not transient or left <= 0 or self._is_abandoned(node.name):
+                if not is_transient(exc) or left <= 0 or self._is_abandoned(node.name):
+                    if is_transient(exc) and left <= 0:
+                        raise_with(exc, f" (gave up after {tries} tr{'ies' if tries != 1 else 'y'} in {timeout_s:g} s)")
                     raise
+                if tries == 1 and on_retry is not None:
+                    on_retry(exc)
                 log.info("ssh.retry", node=node.name, error=type(exc).__name__, delay_s=round(min(delay, left), 3))
                 time.sleep(min(delay, left))
                 delay = min(delay * 2, self.max_delay_s)
 
-    def _open_once(self, node: PrivateNode, timeout_s: float | None):
-        from broker.shells.ssh import SshTarget, connect, connect_when_up
+    def _open_once(self, node: PrivateNode):
+        from broker.shells.ssh import SshTarget, connect
 
         target = replace(SshTarget.for_node(node, known_hosts_path=self.known_hosts_path),
                          connect_timeout_s=self.connect_timeout_s)
-        if timeout_s is None:
-            session = connect(target)
-        else:
-            session = connect_when_up(target, timeout_s, max_delay_s=self.max_delay_s,
-                                      cancelled=lambda: self._is_abandoned(node.name))
+        session = connect(target)
         if self._is_abandoned(node.name):
             session.close()
             raise ConnectionAbortedError(f"private node {node.name}: given up while connecting")
@@ -229,8 +254,11 @@ class SshAgents:
             session.close()
 
     def stop(self, node: str, client: AgentClient | None) -> None:
+        """Stop the node's agent (``client``, or the one a background attach made for it)."""
         self.abandon(node)
-        _close_client(client, wait_s=5.0)
+        with self._lock:
+            handed = self._handed.pop(node, None)
+        _close_client(client or handed, wait_s=5.0)
         self._drop_session(node)
 
     def fetch(self, node: str, workdir: str | None, path: str, dest: Path, env: Mapping[str, str]) -> list[Path]:

@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 
 from broker.shells.diskfull import is_disk_full
 
-from .schema import _SCHEMA, JOURNAL_FILE, SCHEMA_VERSION, JournalDiskFull, JournalError, JournalNotFound
+from .schema import _SCHEMA, JOURNAL_FILE, NODE_HEARD_TABLE, SCHEMA_VERSION, JournalDiskFull, JournalError, JournalNotFound
 
 
 class JournalBase:
@@ -108,6 +108,8 @@ class JournalBase:
                     f"{self.path} has journal schema v{version}, older than v{SCHEMA_VERSION} and "
                     "not upgradable: start a new run directory"
                 )
+            if not self.readonly:
+                db.execute(NODE_HEARD_TABLE)
 
     def close(self) -> None:
         with self._lock:

@@ -233,6 +233,26 @@ class JournalReader(JournalBase):
         since = changes[-1][0] if changes else -float("inf")
         return [e for e in self.events("plan.solved") if e[0] >= since]
 
+    def private_nodes(self) -> list[tuple[str, int]]:
+        """The private nodes the run was given, with their slots, in the inventory's order."""
+        with self._read() as db:
+            return [(n, int(k)) for n, k in db.execute("SELECT name, slots FROM private_nodes ORDER BY rowid")]
+
+    def done_by_node(self) -> dict[str, int]:
+        """How many tasks each node ran to their counted success."""
+        with self._read() as db:
+            return dict(db.execute("SELECT a.node, count(*) FROM tasks t JOIN attempts a"
+                                   " ON a.task_id = t.id AND a.attempt = t.done_attempt GROUP BY a.node"))
+
+    def heard(self) -> dict[str, float]:
+        """When the broker last heard from each node's agent (none for a journal from before
+        this was recorded)."""
+        with self._read() as db:
+            try:
+                return {node: self._out(at) for node, at in db.execute("SELECT node, at FROM node_heard")}
+            except sqlite3.OperationalError:  # no such table: an older journal
+                return {}
+
     def done_since(self, since_s: float) -> int:
         """Tasks whose counted attempt ended at or after ``since_s``: the recent pace ``broker
         status`` derives an ETA from."""

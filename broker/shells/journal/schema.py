@@ -162,7 +162,17 @@ CREATE TABLE events (
     fields TEXT NOT NULL                             -- JSON
 );
 CREATE INDEX events_by_name ON events (name, seq);
+
+-- When the broker last heard from each node's agent (refreshed every monitoring tick).
+CREATE TABLE IF NOT EXISTS node_heard (
+    node TEXT PRIMARY KEY,
+    at   REAL NOT NULL
+);
 """
+
+# Added to schema v1 after its first release: a journal written before it gets the table when
+# it is next opened for writing (a resume); readers of such a journal see no row.
+NODE_HEARD_TABLE = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS node_heard"):].strip().rstrip(";")
 
 
 class JournalError(Exception):

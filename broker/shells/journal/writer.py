@@ -514,6 +514,15 @@ class Journal(JournalReader):
             )
             return cur.rowcount == 1
 
+    def record_heard(self, heard_at_s: Mapping[str, float]) -> None:
+        """When the broker last heard from each of these nodes' agents (run seconds)."""
+        if not heard_at_s:
+            return
+        with self._write() as db:
+            db.executemany("INSERT INTO node_heard (node, at) VALUES (?, ?)"
+                           " ON CONFLICT (node) DO UPDATE SET at = max(at, excluded.at)",
+                           [(node, self._now(at)) for node, at in heard_at_s.items()])
+
     def record_plan(
         self,
         *,

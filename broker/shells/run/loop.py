@@ -59,6 +59,7 @@ from .sweep import SweepMixin
 from .trace import RecordingLedger, Trace, action_json
 from .types import (
     Attached,
+    AttachRetrying,
     BootDone,
     DaemonOptions,
     Fleet,
@@ -85,12 +86,15 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
                  config: ControllerConfig | None = None, confirm: Callable[[SpendRequest], bool] | None = None,
                  on_first_plan: Callable[[SpendRequest], None] | None = None,
                  on_progress: Callable[[int, int, int, float], None] | None = None,
-                 samples: PriorSamples | None = None, failure_policy: FailurePolicy | None = None) -> None:
+                 samples: PriorSamples | None = None, failure_policy: FailurePolicy | None = None,
+                 on_notice: Callable[[str], None] | None = None) -> None:
         self.inv, self.bag, self.goal, self.opt = inventory, bag, goal, options
         self.journal, self.clock, self.fleet, self.nodes, self.inbox = journal, clock, fleet, nodes, inbox
         self.config = config or ControllerConfig(tick_s=options.tick_s)
         self.controller = Controller(goal, self.config, private=inventory.private)
         self.confirm, self.on_first_plan, self.on_progress = confirm, on_first_plan, on_progress
+        self.on_notice = on_notice  # a warning line for the console (a node refused, waited for)
+        self.resumed_waiting: dict[str, bool] = {}  # node -> was ready: unreachable on resume, tried again
         self.samples = samples
         self.policy = failure_policy or FailurePolicy(retries=bag.retries)
         self.types = {t.name: t for t in inventory.types}
@@ -204,14 +208,7 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
             self.ledger.add_private(p)
             self.journal.record_private_node(p.name, slots=p.slots, speed=p.speed, cost_per_hour=p.cost_per_hour,
                                              at_s=now)
-            self.clients[p.name] = None
-            try:
-                self.clients[p.name] = self.nodes.attach(p.name, p.slots)
-            except Exception as exc:  # noqa: BLE001 - any failure to reach a node is reported, not fatal
-                self.ledger.on_node_lost(p.name, self.clock.now_s())
-                self._emit("node.lost", node=p.name, reason=f"could not start its agent: {exc}")
-                continue
-            self._node_attached(p.name)
+        self._attach_private_nodes()  # nodes_mixin.py: in parallel, retried in the background
 
     def _adopt_samples(self, samples: PriorSamples) -> None:
         """Count the tasks ``broker plan --sample`` ran as done, and learn from their runtimes."""
@@ -390,6 +387,7 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
         if self.leaving:
             self.ec2.shutdown()
             return self._leave()
+        self._record_heard()  # nodes_mixin.py: the last word from each agent, for the report
         for node in self.ledger.live_nodes():
             if node.type is not None:
                 if node.release_at_s is None or node.release_at_s > now:
@@ -462,6 +460,8 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
             return self._on_boot(message.instance_id)
         if isinstance(message, Attached):
             return self._on_attached(message)
+        if isinstance(message, AttachRetrying):
+            return self._on_attach_retrying(message)
         if isinstance(message, Reconnected):
             return self._on_reconnected(message)
         if isinstance(message, ReleaseDue) and self.ledger.release_due(message.instance_id, message.version):

@@ -41,6 +41,17 @@ class RunNodes:
         background(node, slots, done)
         return True
 
+    def attach_private_in_background(self, node: str, done: Callable[[AgentClient | None, BaseException | None], None],
+                                     on_retry: Callable[[BaseException], None], expect: tuple[Run, ...] = ()) -> bool:
+        """Attach a private node reached over SSH on a thread of its own, retried for its grace
+        (:meth:`~broker.shells.nodes.SshAgents.attach_in_background`: bounded concurrency
+        across nodes); False for a node attached in the caller's thread (``local``)."""
+        private = self.private.get(node)
+        if private is None or private.local or self.remote is None:
+            return False
+        self.remote.attach_in_background(private, done, expect=expect, on_retry=on_retry)
+        return True
+
     def grace_s(self, node: str) -> float | None:
         """How long a private node reached over SSH that stops answering is waited for (its
         ``grace``); None for nodes re-attached at once (local agents, instances)."""

@@ -114,12 +114,93 @@ class NodesMixin:
             return self._on_attached(Attached(instance_id, None, exc))
         return self._on_attached(Attached(instance_id, client, None))
 
+    # -- private nodes at start-up ------------------------------------------------------------
+    def _attach_private_nodes(self) -> None:
+        """Every private node's agent at once: a local one here, those over SSH in the
+        background (bounded concurrency, see :class:`~broker.shells.nodes.SshAgents`), each
+        retried with backoff for its grace. A node not reached yet is not lost: it takes no
+        work, the run waits for it (it is a node to run on), and it joins when it answers."""
+        from .types import AttachRetrying
+
+        background = getattr(self.nodes, "attach_private_in_background", None)
+        for p in self.inv.private:
+            self.clients[p.name] = None
+            if background is not None and background(
+                    p.name, lambda client, error, n=p.name: self._post(Attached(n, client, error)),
+                    lambda error, n=p.name: self._post(AttachRetrying(n, error))):
+                continue
+            try:
+                client = self.nodes.attach(p.name, p.slots)
+            except Exception as exc:  # noqa: BLE001 - any failure to reach a node is reported, not fatal
+                self._on_attached(Attached(p.name, None, exc))
+                continue
+            self._on_attached(Attached(p.name, client, None))
+
+    def _on_attach_retrying(self, m) -> bool:
+        """A private node's first try at start failed (``AttachRetrying``): say that it is
+        tried again, and that the run waits for it."""
+        from broker.core.units import format_duration
+
+        from .attempts import _round
+
+        node = self.ledger.nodes.get(m.node)
+        if node is None or not node.alive or self.clients.get(m.node) is not None:
+            return False
+        grace = getattr(self.nodes, "grace_s", lambda _node: None)(m.node)
+        self._emit("node.unreachable", node=m.node, reason=str(m.error), grace_s=_round(grace, 3))
+        self._notice(f"warning: private node {m.node} did not answer ({m.error}); it is tried again in the "
+                     f"background{f' for up to {format_duration(grace)}' if grace else ''}, and the run waits for it")
+        return False
+
+    def _private_not_attached(self, node_id: str, error: BaseException) -> bool:
+        """A private node's agent could not be started: refused (a host key, our key, the
+        inventory: no wait mends it) or not reached within its grace. The run goes on
+        without it, and says so on the console."""
+        from broker.shells.ssh_errors import is_refusal
+
+        refused = is_refusal(error)
+        self.resumed_waiting.pop(node_id, None)
+        ended, followups = self.ledger.on_node_lost(node_id, self.clock.now_s())
+        self._emit("node.lost", node=node_id, reason=f"could not start its agent: {error}", refused=refused)
+        for e in ended:  # attempts a resume held there (resume.py): lost, re-queued, no failure of their tasks
+            self.journal.attempt_lost(e.attempt.task_id, e.attempt.attempt, f"node {node_id} lost: {error}")
+            self._failed(e, f"node {node_id} lost: {error}")
+        self._carry_out(followups)
+        what = "refused" if refused else "not reached"
+        self._notice(f"warning: private node {node_id} {what}: {error}. The run goes on without it")
+        return True
+
+    def _resumed_node_back(self, node: str, client, was_ready: bool) -> bool:
+        """A node that did not answer on resume answered (resume.py ``_wait_for``): its agent
+        was told the attempts held there; it takes work again."""
+        self.clients[node] = client
+        now = self.clock.now_s()
+        self.ledger.on_node_back(node, now)
+        hello = client.hello
+        self._emit("agent.reattached", node=node, attempts=len(self.ledger.nodes[node].running),
+                   agent_running=len(hello.running) if hello else 0,
+                   pending_results=hello.pending_results if hello else 0)
+        if was_ready:
+            self.ledger.on_node_ready(node, now)
+        else:
+            self._node_attached(node)
+        return True
+
+    def _notice(self, text: str) -> None:
+        """A line for the person watching the console (warnings they must see off a terminal too)."""
+        if self.on_notice is not None:
+            self.on_notice(text)
+
     def _on_attached(self, m: Attached) -> bool:
         node = self.ledger.nodes.get(m.instance_id)
-        if node is None or not node.alive:  # released while its agent was being reached
+        if node is None or not node.alive or (self.stopping and node.type is None):  # released meanwhile
             if m.client is not None:
                 self.nodes.stop(m.instance_id, m.client)
             return False
+        if m.error is not None and node.type is None:
+            return self._private_not_attached(node.id, m.error)
+        if node.type is None and node.id in self.resumed_waiting:
+            return self._resumed_node_back(node.id, m.client, self.resumed_waiting.pop(node.id))
         if m.error is not None:
             self._emit("node.lost", node=node.id, reason=f"could not start its agent: {m.error}")
             _, followups = self.ledger.on_node_lost(node.id, self.clock.now_s())
@@ -152,5 +233,15 @@ class NodesMixin:
 
     # -- the fleet against EC2, every tick ---------------------------------------------------
     def _reconcile_fleet(self) -> bool:
-        """The fleet against EC2 (sweep.py): lost, unknown and unconfirmed instances."""
+        """The fleet against EC2 (sweep.py): lost, unknown and unconfirmed instances; and when
+        each node's agent was last heard from, for ``broker status``."""
+        self._record_heard()
         return self._survey_fleet()
+
+    def _record_heard(self) -> None:
+        import time
+
+        now, wall = self.clock.now_s(), time.monotonic()
+        heard = {node: now - max(0.0, wall - client.heard_at) * self.clock.time_scale
+                 for node, client in self.clients.items() if getattr(client, "heard_at", None) is not None}
+        self.journal.record_heard(heard)

@@ -11,7 +11,7 @@ release timer set by the ledger's rule. See README "Resuming a run".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from broker.core.control.ledger import Ledger, restore_instance, resume_release
 
@@ -136,7 +136,9 @@ def resume(d: "Daemon") -> Resumed:
     for p in d.inv.private:
         d.ledger.add_private(p)
         j.record_private_node(p.name, slots=p.slots, speed=p.speed, cost_per_hour=p.cost_per_hour, at_s=now)
-        reattached += _reattach(d, p.name, running.pop(p.name, []), p.name in ready)
+    attached = _attach_all(d, [p.name for p in d.inv.private], running)  # at once, not one after another
+    for p in d.inv.private:
+        reattached += _reattach(d, p.name, running.pop(p.name, []), p.name in ready, attached[p.name])
     releases = []
     for r in rows.instances:
         restore_instance(d.ledger, r, now)
@@ -172,21 +174,60 @@ def resume(d: "Daemon") -> Resumed:
     return Resumed(reattached, requeued, adopted, terminated)
 
 
-def _reattach(d: "Daemon", node: str, running: list, was_ready: bool) -> int:
-    """Reach the node's agent again, telling it which attempts the journal says it runs:
-    those it runs or replays stay; the others come back as TaskLost (then re-queued).
-    Returns how many attempts were re-attached."""
+RESUME_ATTACH_AT_ONCE = 8  # private nodes reached at once on resume
+
+
+def _attach_all(d: "Daemon", nodes: list[str], running: dict) -> dict[str, tuple[Any, BaseException | None]]:
+    """Reach these nodes' agents in parallel (at most :data:`RESUME_ATTACH_AT_ONCE` at a
+    time), each told the attempts the journal says it runs: ``node -> (client, None)`` or
+    ``(None, error)``. Only the attaches run on the pool; the ledger and the journal are
+    then told on the caller's thread (:func:`_reattach`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = [(node, d.ledger.nodes[node].slots, tuple(d._run_of(a.task_id, a.attempt)
+                                                      for a in running.get(node, []) if a.task_id in d.tasks))
+            for node in nodes]
+
+    def one(job: tuple) -> tuple[str, tuple[Any, BaseException | None]]:
+        node, slots, expect = job
+        try:
+            return node, (d.nodes.attach(node, slots, expect), None)
+        except Exception as exc:  # noqa: BLE001 - reported by _reattach
+            return node, (None, exc)
+
+    with ThreadPoolExecutor(max_workers=RESUME_ATTACH_AT_ONCE, thread_name_prefix="resume-attach") as pool:
+        return dict(pool.map(one, jobs))
+
+
+def _reattach(d: "Daemon", node: str, running: list, was_ready: bool,
+              attached: tuple[Any, BaseException | None] | None = None) -> int:
+    """Reach the node's agent again (or take ``attached``, :func:`_attach_all`'s outcome),
+    telling it which attempts the journal says it runs: those it runs or replays stay; the
+    others come back as TaskLost (then re-queued). Returns how many attempts were re-attached."""
     record = d.ledger.nodes[node]
     if not record.alive:
+        if attached is not None and attached[0] is not None:
+            d.nodes.stop(node, attached[0])
         return 0
     kept = [a for a in running if a.task_id in d.tasks]
     d.clients[node] = None
     try:
-        client = d.nodes.attach(node, record.slots, tuple(d._run_of(a.task_id, a.attempt) for a in kept))
+        if attached is None:
+            client = d.nodes.attach(node, record.slots, tuple(d._run_of(a.task_id, a.attempt) for a in kept))
+        elif attached[1] is not None:
+            raise attached[1]
+        else:
+            client = attached[0]
     except Exception as exc:  # noqa: BLE001 - an unreachable node is reported, not fatal
+        if attached is not None and _wait_for(d, node, kept, was_ready, exc):
+            return 0
         now = d.clock.now_s()
         _, followups = d.ledger.on_node_lost(node, now)
-        d._emit("node.lost", node=node, reason=f"could not reach its agent on resume: {exc}")
+        from broker.shells.ssh_errors import is_refusal
+
+        d._emit("node.lost", node=node, reason=f"could not reach its agent on resume: {exc}", refused=is_refusal(exc))
+        d._notice(f"warning: node {node} {'refused' if is_refusal(exc) else 'not reached'} on resume: {exc}. "
+                  "The run goes on without it")
         with d.journal.batch():
             for a in running:
                 d.journal.attempt_cancelled(a.task_id, a.attempt)
@@ -204,3 +245,31 @@ def _reattach(d: "Daemon", node: str, running: list, was_ready: bool) -> int:
     else:
         d._node_attached(node)
     return count
+
+
+def _wait_for(d: "Daemon", node: str, kept: list, was_ready: bool, error: BaseException) -> bool:
+    """A private node over SSH that did not answer on resume is tried again in the background
+    for its grace, as at start; meanwhile it is away: the attempts the journal says it runs are
+    held there (its agent may be running them still), it takes no new work. When it answers
+    its agent is told those attempts (those it no longer knows come back lost); past its grace
+    it is lost and they are re-queued (nodes_mixin.py). False for a node not waited for (a
+    refusal, a local node, an instance): it is lost at once."""
+    from broker.shells.ssh_errors import is_transient
+
+    from .types import Attached
+
+    start = getattr(d.nodes, "attach_private_in_background", None)
+    expect = tuple(d._run_of(a.task_id, a.attempt) for a in kept)
+    if start is None or not is_transient(error) or not start(
+            node, lambda client, e: d._post(Attached(node, client, e)), lambda _e: None, expect=expect):
+        return False
+    now = d.clock.now_s()
+    for a in kept:
+        d.ledger.resume_attempt(a.task_id, a.attempt, node, a.started_at_s if a.started_at_s is not None else now)
+    d.ledger.on_node_away(node, now)
+    d.resumed_waiting[node] = was_ready
+    grace = d.nodes.grace_s(node)
+    d._emit("node.unreachable", node=node, reason=str(error), grace_s=grace)
+    d._notice(f"warning: private node {node} did not answer on resume ({error}); it is tried again in the "
+              f"background for up to {grace:g} s, holding the {len(kept)} task(s) it ran, and the run waits for it")
+    return True

@@ -58,11 +58,20 @@ class BootDone:
 
 @dataclass(frozen=True, slots=True)
 class Attached:
-    """An instance agent attached in the background (``client``), or could not be (``error``)."""
+    """An instance's or a private node's agent attached in the background (``client``), or
+    could not be (``error``); ``instance_id`` is the node's id either way."""
 
     instance_id: str
     client: AgentClient | None
     error: BaseException | None
+
+
+@dataclass(frozen=True, slots=True)
+class AttachRetrying:
+    """A private node's first try at start-up failed; it is tried again in the background."""
+
+    node: str
+    error: BaseException
 
 
 @dataclass(frozen=True, slots=True)

@@ -579,7 +579,8 @@ class Ledger(SnapshotMixin, InflightMixin):
                             or (n.type is not None and (n.release_at_s is None or n.release_at_s > now)))
             for n in self._live.values())
         self.idle_ticks = 0 if alive else self.idle_ticks + 1
-        return may_give_up(self.idle_ticks, budget_stopped=budget_stopped or self.budget_stopped,
+        # With no type to rent (a private-only inventory) nothing can come: no re-plan to wait for.
+        return may_give_up(self.idle_ticks, budget_stopped=budget_stopped or self.budget_stopped or not self.types,
                            types_avoided=bool(self.cooldown.avoided(now) - self.broken_types), tick_s=self.tick_s,
                            replan_every_s=self.replan_every_s)
 
