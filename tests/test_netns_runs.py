@@ -44,7 +44,7 @@ def _running(run_dir: Path) -> int:
     try:
         db = sqlite3.connect(f"file:{run_dir / 'journal.sqlite'}?mode=ro", uri=True, timeout=5)
         try:
-            return db.execute("SELECT count(*) FROM attempts WHERE outcome IS NULL").fetchone()[0]
+            return db.execute("SELECT count(*) FROM attempts WHERE outcome IS NULL OR outcome = 'running'").fetchone()[0]
         finally:
             db.close()
     except sqlite3.Error:
