@@ -118,11 +118,12 @@ def test_a_task_at_its_release_keeps_its_instance_when_no_paid_slot_can_rerun_it
     assert releases(_task_at_release(4500.0))["a"][0] > 3600.0  # b leaves too soon
 
 
-def _task_at_release_with_private(b_paid_until_s: float | None):
-    """``_task_at_release`` with an idle private node (1 slot, speed 1) next to a and b."""
+def _task_at_release_with_private(b_paid_until_s: float | None, private_speed: float = 1.0):
+    """``_task_at_release`` with an idle private node (1 slot, ``private_speed``) next to a and b."""
     from builders import decide, node, running
 
-    nodes = [node("a", running=[running("t1", 3000.0, estimate_ref_s=1000.0)]), node("own", private=True)]
+    nodes = [node("a", running=[running("t1", 3000.0, estimate_ref_s=1000.0)]),
+             node("own", private=True, speed=private_speed)]
     if b_paid_until_s is not None:
         nodes.append(node("b", type=machine("slow", speed=0.01), paid_until_s=b_paid_until_s))
     snap = snapshot(now_s=3400.0, nodes=nodes, pending=0, tasks_done=10)
@@ -145,6 +146,14 @@ def test_a_private_node_reruns_a_task_that_ends_before_the_paid_fleet_leaves():
     from builders import releases
 
     assert "a" not in releases(_task_at_release_with_private(7200.0))
+
+
+def test_a_fast_private_node_reruns_a_task_that_ends_before_it_would_where_it_runs():
+    # no paid instance stays, but at speed 10 the re-run (100 s from the next decision) ends
+    # before a's task would (4,000 s): no unit bought, the run no longer
+    from builders import releases
+
+    assert "a" not in releases(_task_at_release_with_private(None, private_speed=10.0))
 
 
 def test_thesis_lm20_at_lists_makespan_costs_no_more_than_list():
