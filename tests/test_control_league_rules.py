@@ -118,6 +118,44 @@ def test_a_task_at_its_release_keeps_its_instance_when_no_paid_slot_can_rerun_it
     assert releases(_task_at_release(4500.0))["a"][0] > 3600.0  # b leaves too soon
 
 
+def _task_at_release_with_private(b_paid_until_s: float | None, private_speed: float = 1.0):
+    """``_task_at_release`` with an idle private node (1 slot, ``private_speed``) next to a and b."""
+    from builders import decide, node, running
+
+    nodes = [node("a", running=[running("t1", 3000.0, estimate_ref_s=1000.0)]),
+             node("own", private=True, speed=private_speed)]
+    if b_paid_until_s is not None:
+        nodes.append(node("b", type=machine("slow", speed=0.01), paid_until_s=b_paid_until_s))
+    snap = snapshot(now_s=3400.0, nodes=nodes, pending=0, tasks_done=10)
+    return decide(snap, goal=Goal("deadline", 4 * 3600.0))
+
+
+def test_a_task_at_its_release_is_not_rerun_on_a_private_node_past_the_paid_fleets_end():
+    # Bounded by the deadline alone, a private node re-ran from scratch the tasks of every
+    # instance at its release: on lognormal sigma 1.5 (bench/promises.py) tasks 2.4 ref-h into
+    # their run on a speed-2.5 instance were re-run at speed 1, the run ended at 14.4 h instead
+    # of 8.5 h (seed 3) and past the 16.5 h deadline on seeds 14 and 20. With no paid instance
+    # staying, a re-run there (1,000 ref-s from 3,400 s) would end after a's task would have.
+    from builders import releases
+
+    assert releases(_task_at_release_with_private(None))["a"][0] > 3600.0  # kept another unit
+
+
+def test_a_private_node_reruns_a_task_that_ends_before_the_paid_fleet_leaves():
+    # b (too slow to re-run anything) is paid to 7,200 s: the private node's re-run ends by then
+    from builders import releases
+
+    assert "a" not in releases(_task_at_release_with_private(7200.0))
+
+
+def test_a_fast_private_node_reruns_a_task_that_ends_before_it_would_where_it_runs():
+    # no paid instance stays, but at speed 10 the re-run (100 s from the next decision) ends
+    # before a's task would (4,000 s): no unit bought, the run no longer
+    from builders import releases
+
+    assert "a" not in releases(_task_at_release_with_private(None, private_speed=10.0))
+
+
 def test_thesis_lm20_at_lists_makespan_costs_no_more_than_list():
     # issue 15's league, LM20 --quick (2,000 tasks, estimates within 10%, seed 1): List_eta on the
     # 41 efficient machines takes 1.11 h for $33.36; given that makespan as its deadline the broker
