@@ -219,6 +219,19 @@ def test_an_instance_idle_at_the_bags_end_is_not_charged_to_the_end(monkeypatch)
     assert p.cost_usd == pytest.approx(5.0 + 1.0)
 
 
+def test_the_idle_release_is_the_controllers_own(monkeypatch):
+    # The same fleet, forecast for a controller that sheds a surplus only after 3 hours
+    # (scale_down_after_s): the idle instance is charged 4 hours (its last end at 20 minutes
+    # plus 3 hours, billed by the hour), not the 1 hour of the default 10 minutes.
+    monkeypatch.setattr(P, "TAIL_SLOTS_FACTOR", 10_000)
+    hourly = dict(price_per_hour=1.0, launched_at_s=0.0, billing=Billing.hourly())
+    m = [Machine(1, 1.0, 0.0, release_at_s=1e9, running=((0.0, 18_000.0),), **hourly),
+         Machine(1, 1.0, 0.0, release_at_s=1e9, **hourly)]
+    law = RuntimeLaw.parametric(600.0, 0.0, estimate_rel_sd=0.0, ratio_rel_se=0.0)
+    p = forecast(m, law, Pending(2), now_s=0.0, rng=np.random.default_rng(1), idle_release_s=3 * 3600.0).promise(0.9)
+    assert p.cost_usd == pytest.approx(5.0 + 4.0)
+
+
 def test_an_instance_that_works_to_its_release_is_charged_to_it():
     # A per-second instance released at 3,000 s next to a free one kept all day, and a bag
     # far larger than the first one's window: it works until its release (its slot has no

@@ -109,6 +109,7 @@ def forecast_fleet(ctl, snap: Snapshot, rem: RemainingWork, now: float, releases
                     replicates=ctl.config.promise_replicates if replicates is None else replicates,
                     fit_ref_s=fit, horizon_at_s=horizon_at_s, keep_margin=keep,
                     end_allowance_s=ctl.planner.options.phi_s, tail_ref_s=tail_ref_s,
+                    idle_release_s=ctl.config.scale_down_after_s,
                     deadline_at_s=snap.started_at_s + float(ctl.goal.value) if ctl.goal.kind == "deadline" else None,
                     budget_usd=budget_of(ctl, snap))
 

@@ -88,7 +88,7 @@ REPLICATES = 200
 TAIL_SLOTS_FACTOR = 3  # tasks scheduled one by one at the end: this many per slot
 EXACT_BULK_DRAWS = 100_000  # below this many draws the bulk is summed exactly (else the CLT)
 IDLE_RELEASE_S = 600.0  # an instance idle at the bag's end is shed once its surplus lasted this long
-# (ControllerConfig.scale_down_after_s, its default)
+# (the default of ControllerConfig.scale_down_after_s; the controller passes its own as ``idle_release_s``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +251,7 @@ def forecast(
     deadline_at_s: float | None = None,
     tail_ref_s: float | None = None,
     budget_usd: float | None = None,
+    idle_release_s: float = IDLE_RELEASE_S,
 ) -> Forecast:
     """Simulate the rest of the run ``replicates`` times; see the module docstring.
 
@@ -305,7 +306,7 @@ def forecast(
     ends = _replicate_last(ends, last_start, last_ref, speed, fit_u)
     makespan = np.max(np.where(np.isfinite(ends), ends, -np.inf), axis=1)
     makespan = np.maximum(makespan, now_s)
-    cost = spent_usd + _charges(machines, slots, ends, makespan, planned_rel, started_at_s)
+    cost = spent_usd + _charges(machines, slots, ends, makespan, planned_rel, started_at_s, idle_release_s)
     running = np.where(np.isfinite(busy), busy, -np.inf).max(axis=1) - started_at_s
     cost, stopped = _capped(cost, undone, budget_usd, machines)
     return Forecast(makespan - started_at_s, cost, fallbacks, running, now_s - started_at_s, spent_usd,
@@ -510,9 +511,9 @@ def _replicate_last(free, last_start, last_ref, speed, overdue_ref: float, round
 
 
 def _charges(machines, slots, ends: np.ndarray, makespan: np.ndarray, rel: np.ndarray,
-             started_at_s: float) -> np.ndarray:
+             started_at_s: float, idle_release_s: float = IDLE_RELEASE_S) -> np.ndarray:
     """(R,) what every machine costs: instances from launch to max(last end, min(release,
-    end of bag, last end + IDLE_RELEASE_S)), billed by their model; private nodes at their
+    end of bag, last end + ``idle_release_s``)), billed by their model; private nodes at their
     hourly rate over the run."""
     R = ends.shape[0]
     total = np.zeros(R)
@@ -525,7 +526,7 @@ def _charges(machines, slots, ends: np.ndarray, makespan: np.ndarray, rel: np.nd
         last = finite_ends[:, mine].max(axis=1)
         release = rel[:, np.argmax(mine)]
         # a machine whose slots all worked to their stop (no finite end) is kept to its release
-        idle_until = np.where(np.isfinite(last), last + IDLE_RELEASE_S, np.inf)
+        idle_until = np.where(np.isfinite(last), last + idle_release_s, np.inf)
         until = np.maximum(last, np.minimum(np.minimum(release, makespan), idle_until))
         total += _billed_s(mc.billing, until - mc.launched_at_s) / 3600.0 * mc.price_per_hour
     return total
