@@ -176,15 +176,19 @@ class NodesMixin:
         self.clients[node] = client
         now = self.clock.now_s()
         self.ledger.on_node_back(node, now)
+        self._reattached(node, client, len(self.ledger.nodes[node].running), was_ready, now)
+        return True
+
+    def _reattached(self, node: str, client, attempts: int, was_ready: bool, now: float) -> None:
+        """An agent re-attached with ``attempts`` held on it: said, and its node back at work."""
         hello = client.hello
-        self._emit("agent.reattached", node=node, attempts=len(self.ledger.nodes[node].running),
+        self._emit("agent.reattached", node=node, attempts=attempts,
                    agent_running=len(hello.running) if hello else 0,
                    pending_results=hello.pending_results if hello else 0)
         if was_ready:
             self.ledger.on_node_ready(node, now)
         else:
             self._node_attached(node)
-        return True
 
     def _notice(self, text: str) -> None:
         """A line for the person watching the console (warnings they must see off a terminal too)."""

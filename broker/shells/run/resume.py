@@ -237,13 +237,7 @@ def _reattach(d: "Daemon", node: str, running: list, was_ready: bool,
     now = d.clock.now_s()
     count = sum(1 for a in kept if d.ledger.resume_attempt(a.task_id, a.attempt, node,
                                                            a.started_at_s if a.started_at_s is not None else now))
-    hello = client.hello
-    d._emit("agent.reattached", node=node, attempts=count, agent_running=len(hello.running) if hello else 0,
-            pending_results=hello.pending_results if hello else 0)
-    if was_ready:
-        d.ledger.on_node_ready(node, now)
-    else:
-        d._node_attached(node)
+    d._reattached(node, client, count, was_ready, now)
     return count
 
 
