@@ -423,7 +423,8 @@ def main() -> None:
             runs_new.append(run_worker(ROOT, args.repeat))
             runs_gap.append(run_worker(ROOT, args.repeat, "0.001"))
     if old_tree:
-        print(f"baseline: {args.baseline} (CBC through pulp, 0.1% gap); new: this tree (default options)")
+        what = " (CBC through pulp, 0.1% gap)" if args.baseline == BASELINE else ""
+        print(f"baseline: {args.baseline}{what}; new: this tree (default options)")
     report(merge(runs_old) if runs_old else None, merge(runs_new))
     print("\nthe same solver comparison at the baseline's gap (0.1%): this tree with gap_rel=0.001")
     report(merge(runs_old) if runs_old else None, merge(runs_gap), goals=False)

@@ -21,7 +21,19 @@ Solvers (``PlanOptions.solver``):
             catalogues, 20 per-second types, re-plans with 64 running machines and random
             catalogues of 5-60 types under 4 billing schemes. Racing the two was not worth it
             here: outside a narrow band (80-110 columns) one of them wins on most models, and a
-            race would take both of this machine's 2 cores for every solve.
+            race would take both of this machine's 2 cores for every solve. On the 24 HiGHS
+            solves of the 20 per-second front (80 columns) HiGHS took 873 CPU ms, CBC 990 and
+            the faster of the two each time 618; and a race would make the plan depend on which
+            finished first wherever the two stop at different tie-equal plans (HiGHS proves
+            optimality to about 1e-8 of the objective: thesis x20 at 44 h did, with HiGHS's
+            default cut pool).
+
+Not done, measured: warm starts. HiGHS given the previous horizon's solution as an incumbent
+solved the thesis fronts in 421/319 CPU ms against 442/328 cold and the budget searches in
+87/92 against 66/90 (same optima); even the optimum itself as the incumbent saves at most half.
+Building the model is 5-15% of a front's or a search's CPU time (``bench/bench_plan.py``
+prints where the time goes), so a model kept between solves and changed in place would save
+less than that.
 
 Both solvers are run to the same gaps: ``gap_rel`` and an absolute gap below the planner's
 tie-break, so that equal-cost plans are told apart by the tie-break in the objective and the
