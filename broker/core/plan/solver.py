@@ -164,7 +164,7 @@ _HIGHS_OPTIONS = {
     "mip_heuristic_run_rens": False,
     "mip_heuristic_run_root_reduced_cost": False,
     "mip_allow_restart": False,
-    # Two cheap changes measured together on the 90 MIPs the planner bench solves (thesis
+    # Two cheap changes measured together on the 98 MIPs the planner bench solves (thesis
     # solves, fronts and budget searches, 20 per-second types, re-plans of 64 machines; CPU ms
     # in HiGHS, 3 rounds): 1,206 -> 862 in all, the thesis models 296 -> 256, the same optimum
     # on every model. The shifting heuristic is a rounding that costs no LP solve; a small cut
