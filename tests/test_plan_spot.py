@@ -22,7 +22,7 @@ from broker.core.plan import Goal, NoFeasiblePlan, PlanOptions, Work, min_cost, 
 from broker.core.plan.capacity import Catalogue
 from broker.core.plan.spot import at_price_cap, efficiency, expected_task_time_s
 from broker.core.plan.spotplan import (
-    budget_reserve, fallback_at, fallback_triggers, plan_risk, resources, spot_min_cost, spot_min_makespan,
+    budget_reserve, fallback_at, fallback_triggers, launches_spot, plan_risk, resources, spot_min_cost, spot_min_makespan,
     uses_spot,
 )
 
@@ -348,3 +348,30 @@ def test_broker_plan_shows_the_market_the_savings_the_fallback_and_the_interval(
     assert all(t["feasible"] for t in spot_doc["triggers"])
     lo, hi = doc["promise"]["makespan_s_range"]
     assert lo <= doc["promise"]["makespan_s"] <= hi
+
+
+def test_a_replan_with_running_spot_and_on_demand_instances_holds_the_deadline_and_the_budget():
+    from broker.core.model import ExistingInstance
+
+    types = [od(limit=30), spot(limit=30, price=0.05, rate=0.2)]
+    work = Work(1500 * 600.0, 1500, 600.0, 200.0)
+    now = 3000.0
+    running = [ExistingInstance(f"s{k}", "c5.xlarge@spot", 0.0, now + 300.0 * (k % 3)) for k in range(6)]
+    running += [ExistingInstance("o1", "c5.xlarge", 0.0, 3600.0), ExistingInstance("o2", "c5.xlarge", now - 60,
+                                                                                     now + 3540.0, now + 30.0)]
+    deadline = 3 * 3600.0
+    plan = plan_for_goal(types, [], work, Goal("deadline", deadline), existing=running, now_s=now)
+    catalogue = Catalogue.build(types, [], work, running, now, PlanOptions())
+    assert {e.instance_id for e in plan.existing} == {e.id for e in running}
+    assert plan_risk(plan, catalogue, work).makespan_hold_s <= deadline
+    assert all(t.feasible for t in fallback_triggers(plan, types, [], work, deadline, catalogue=catalogue,
+                                                     existing=running, now_s=now))
+    capped = at_price_cap(types)
+    catalogue = Catalogue.build(capped, [], work, running, now, PlanOptions())
+    for budget in (8.0, 20.0):
+        # New spot instances only when the plan and its reserve (for the running ones too) fit.
+        plan = plan_for_goal(types, [], work, Goal("budget", budget), existing=running, now_s=now)
+        assert plan.cost_usd <= budget * (1 + 1e-9)
+        if launches_spot(plan, capped):
+            assert plan.cost_usd + budget_reserve(plan, capped, work, catalogue=catalogue) <= budget * (1 + 1e-9)
+        assert launches_spot(plan, capped) == (budget == 20.0)

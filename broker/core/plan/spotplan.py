@@ -30,7 +30,9 @@ instance's last stretch as slack for the fallback; the on-demand-only plan for t
 the last resort, and it wins whenever it is expected to be cheaper.
 
 **Budget** (``spot_min_makespan``): the plan is the fastest whose cost, spot counted at its
-price cap (``spot.at_price_cap``), *plus a reserve*, fits the budget. The reserve is the
+price cap (``spot.at_price_cap``), *plus a reserve*, fits the budget (a plan that launches no
+new spot instance needs none: spot instances already running are there whatever it does, and
+the controller's budget rules stop a run before it overspends). The reserve is the
 largest over the spot types i used of R_i, the cheapest cost of doing type i's whole planned
 work again (its effective capacity C_i plus its running tasks, a long task each) on the other
 types (spot at their cap; no private node, no survivor: they do their own share): an upper
@@ -74,6 +76,11 @@ LATE_MARGIN_S = 60.0
 def uses_spot(plan: Plan, types: Sequence[MachineType]) -> bool:
     spot = {t.name for t in types if t.is_spot}
     return any(count > 0 and name in spot for name, count in plan.fleet.items())
+
+
+def launches_spot(plan: Plan, types: Sequence[MachineType]) -> bool:
+    spot = {t.name for t in types if t.is_spot}
+    return any(g.count > 0 and g.type_name in spot for g in plan.new)
 
 
 def on_demand_only(types: Sequence[MachineType]) -> tuple[MachineType, ...]:
@@ -366,8 +373,8 @@ def spot_min_makespan(types: Sequence[MachineType], private: Sequence[PrivateNod
                                 options=options, hint_s=hint_s)
         except NoFeasiblePlan:
             break
-        if not uses_spot(plan, capped):
-            return plan
+        if not launches_spot(plan, capped):
+            return plan  # running spot instances are there whatever the plan does
         catalogue = Catalogue.build(capped, private, work, existing, now_s, options)
         need = budget_reserve(plan, capped, work, catalogue=catalogue, options=options, confidence=confidence)
         if plan.cost_usd + need <= budget_usd * (1 + 1e-9):
