@@ -194,19 +194,24 @@ def simulate_run(plan, catalogue, n_tasks: int, task_s: float, seed: int) -> flo
 
 
 @pytest.mark.slow
-def test_the_makespan_interval_covers_a_simulated_run_with_interruptions():
-    types = [od(limit=10, price=0.17), spot(limit=30, price=0.05, rate=1.0, boot=120.0)]
+@pytest.mark.parametrize("rate", [0.2, 1.0, 3.0])
+def test_the_makespan_interval_covers_a_simulated_run_with_interruptions(rate):
+    # Measured over 400 seeds (rates 0.2, 1, 3 an hour): the 90% quantile held in 96.8%, 95.3%
+    # and 89% of runs, the two-sided 90% interval in 90%, 82% and 86%; the median within 0.6%.
+    types = [od(limit=10, price=0.17), spot(limit=30, price=0.05, rate=rate, boot=120.0)]
     n, task_s = 3000, 300.0
     work = Work(n * task_s, n, task_s, 0.0)
     plan = spot_min_cost(types, [], work, 8 * 3600)
     assert uses_spot(plan, types)
     catalogue = Catalogue.build(types, [], work, (), 0.0, PlanOptions())
     risk = plan_risk(plan, catalogue, work, confidence=0.9)
-    runs = [simulate_run(plan, catalogue, n, task_s, seed) for seed in range(150)]
-    held = np.mean([m <= risk.makespan_hold_s for m in runs])
-    assert held >= 0.9 - 0.05, (held, risk)
-    # and the interval is not hollow: the runs' median lies within 10% of its width of the promise's
-    assert abs(np.median(runs) - risk.makespan_s) <= 0.1 * risk.makespan_s, (np.median(runs), risk)
+    runs = np.array([simulate_run(plan, catalogue, n, task_s, seed) for seed in range(150)])
+    held = np.mean(runs <= risk.makespan_hold_s)
+    assert held >= 0.9 - 0.06, (held, risk)  # 150 seeds: 0.06 is 2.5 standard errors
+    inside = np.mean((runs >= risk.makespan_s_range[0]) & (runs <= risk.makespan_s_range[1]))
+    assert inside >= 0.75, (inside, risk)
+    # and the interval is not hollow: the runs' median is the promise's within 2%
+    assert abs(np.median(runs) / risk.makespan_s - 1) <= 0.02, (np.median(runs), risk)
 
 
 # -- deadline: confidence and fallback ------------------------------------------------------------

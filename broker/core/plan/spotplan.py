@@ -13,7 +13,14 @@ instance-seconds each spot group is exposed, up to the planned makespan). A draw
 exceeds what the plan's paid time can absorb runs on: the controller extends the fleet, at
 its full raw rate, from the moment the plan's capacity runs out, and pays the extra time (each
 group by its billing). The interval is the draws' delta/2 and 1 - delta/2 quantiles; the
-deadline test reads the one-sided 1 - delta quantile.
+deadline test reads the one-sided 1 - delta quantile. Two corrections to the fluid view, both
+measured against a task-level simulation (``tests/test_plan_spot.py``): a loss above its mean
+lengthens the run and so the exposure of the spot instances still working at its end (a
+deviation d becomes d / (1 - f), f their expected loss per second over the fleet's rate); and
+the end of the bag: an interruption x ~ Exp(Lambda) before the fluid end restarts a task of
+length D on an idle slot, ending (D - x)^+ later (``last_task_delay``). The ramps start after
+the boot and the allowance's half task; the gap phi is the plan's margin, not part of the
+distribution.
 
 **Deadline at confidence 1 - delta** (``spot_min_cost``): the cheapest plan by the deadline at
 the effective rates (``min_cost``) is accepted when (a) its makespan's 1 - delta quantile
@@ -64,7 +71,7 @@ from ..model import ExistingInstance, MachineType, PrivateNode
 from .capacity import Catalogue, Ramp
 from .mincost import assemble, choice_of, min_cost
 from .search import min_makespan
-from .spot import at_price_cap, efficiency, loss_draws
+from .spot import at_price_cap, efficiency, loss_draws, loss_per_interruption_ref_s, rate_per_s
 from .types import NoFeasiblePlan, Plan, PlanOptions, Work
 
 MAX_TRIES = 6
@@ -100,6 +107,7 @@ class Resource:
     eff_rate_per_s: float
     price_per_hour: float
     instance: ExistingInstance | None = None  # a running instance (None: launched by the plan)
+    speed: float = 1.0
 
     def more_usd(self, from_s: float, until_s: float) -> float:
         """What running it again from ``from_s`` (or its end, if later) until ``until_s`` costs
@@ -118,17 +126,17 @@ def resources(plan: Plan, catalogue: Catalogue) -> list[Resource]:
     for g in plan.new:
         o = offers[g.type_name]
         out.append(Resource(o.type, g.count, o.start_s, g.quanta * o.quantum_s, o.type.capacity_per_s,
-                            o.rate_per_s, o.type.price_per_hour))
+                            o.rate_per_s, o.type.price_per_hour, None, o.type.speed))
     extra = {e.instance_id: e.extra_quanta for e in plan.existing}
     for old in catalogue.existing:
         end = old.paid_s + extra.get(old.instance.id, 0) * old.quantum_s
         out.append(Resource(old.type, 1, old.start_s, end, old.type.capacity_per_s, old.rate_per_s,
-                            old.type.price_per_hour, old.instance))
+                            old.type.price_per_hour, old.instance, old.type.speed))
     for p in catalogue.private:
         busy = plan.private_share.get(p.node.name, 0.0) * plan.horizon_s
         if busy > 0:
             out.append(Resource(None, 1, p.start_s, p.start_s + busy, p.rate_per_s, p.rate_per_s,
-                                p.node.cost_per_hour))
+                                p.node.cost_per_hour, None, p.node.speed))
     return out
 
 
@@ -164,6 +172,28 @@ def _ran_out_s(points: np.ndarray, caps: np.ndarray) -> float:
     return float(points[int(np.searchsorted(caps, caps[-1], side="left"))]) if len(points) else 0.0
 
 
+def last_task_delay(res: Sequence[Resource], work: Work, makespan: np.ndarray, ran_out_s: float,
+                    rng: np.random.Generator) -> np.ndarray:
+    """The end of the bag: an interruption x seconds before the fluid end M restarts a task of
+    length D there (on a slot idle by then: no boot), which ends at M - x + D. Interruptions of
+    the spot instances still working at M arrive at the summed rate Lambda, so x ~ Exp(Lambda)
+    back from M and the delay is (D - x)^+ (D the type's task, gamma)."""
+    delay = np.zeros_like(makespan)
+    for r in res:
+        if r.type is None or not r.type.is_spot or r.count <= 0 or work.mean_ref_s <= 0:
+            continue
+        lam = r.type.interruptions_per_hour / 3600.0 * r.count
+        alive = (r.end_s >= makespan) | (makespan > ran_out_s)  # working at the end (or running on)
+        if lam <= 0 or not alive.any():
+            continue
+        x = rng.exponential(1.0 / lam, size=makespan.shape)
+        mean_s, sd_s = work.mean_ref_s / r.type.speed, work.sd_ref_s / r.type.speed
+        d = (rng.gamma(mean_s ** 2 / sd_s ** 2, sd_s ** 2 / mean_s, size=makespan.shape) if sd_s > 0
+             else np.full(makespan.shape, mean_s))
+        delay = np.maximum(delay, np.where(alive, np.maximum(0.0, d - x), 0.0))
+    return delay
+
+
 @dataclass(frozen=True)
 class SpotRisk:
     """The makespan and cost of a plan under interruptions (seconds from now, USD from now)."""
@@ -178,17 +208,33 @@ class SpotRisk:
     interruptions: float  # expected count
 
 
+def _phi_s(speed: float, work: Work, options: PlanOptions) -> float:
+    """The gap phi of the allowance g (``PlanOptions.allowance_s`` without its half task)."""
+    return options.allowance_s(speed, work.mean_ref_s, work.sd_ref_s) - options.tail_task_fraction * work.mean_ref_s / speed
+
+
 def plan_risk(plan: Plan, catalogue: Catalogue, work: Work, *, confidence: float = 0.9,
-              draws: int = DRAWS, seed: int = 0) -> SpotRisk:
+              draws: int = DRAWS, seed: int = 0, options: PlanOptions = PlanOptions()) -> SpotRisk:
     """The distribution of ``plan``'s makespan and cost under the interruption model."""
     res = resources(plan, catalogue)
-    ramps = [Ramp(r.raw_rate_per_s * r.count, r.start_s, r.end_s) for r in res]
+    # A ramp starts after its boot and the end-of-bag half task the allowance counts; its
+    # safety gap phi (a margin of the plan, not a loss) is left out of the distribution.
+    ramps = [Ramp(r.raw_rate_per_s * r.count, r.start_s - _phi_s(r.speed, work, options), r.end_s) for r in res]
     exposures = [(r.type, r.count * max(0.0, min(r.end_s, plan.makespan_s)))
                  for r in res if r.type is not None and r.type.is_spot]
     loss = loss_draws(exposures, work, draws, seed)
     points, caps = _curve(ramps)
     run_on = sum(r.raw_rate_per_s * r.count for r in res)
+    # Feedback: a loss above its mean lengthens the run, which the spot instances still working
+    # at its end are exposed to longer, and so on: each reference second lost adds f more,
+    # f = sum of their (lambda x mean lump) over the fleet's rate; a deviation d becomes
+    # d / (1 - f) (linearized; f is capped at 0.9).
+    f = sum(r.count * rate_per_s(r.type) * loss_per_interruption_ref_s(r.type, work)
+            for r in res if r.type is not None and r.type.is_spot and r.end_s >= plan.makespan_s)
+    f = min(0.9, f / max(run_on, 1e-12))
+    loss = loss.mean() + (loss - loss.mean()) / (1.0 - f)
     makespan = _time_to(points, caps, work.total_ref_s + loss, run_on)
+    makespan += last_task_delay(res, work, makespan, _ran_out_s(points, caps), np.random.default_rng(seed + 1))
     cost = np.full(draws, plan.cost_usd)
     ran_out = _ran_out_s(points, caps)
     for k in np.flatnonzero(work.total_ref_s + loss > caps[-1]):
