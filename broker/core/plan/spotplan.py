@@ -68,7 +68,7 @@ import numpy as np
 
 from ..units import format_duration
 from ..model import ExistingInstance, MachineType, PrivateNode
-from .capacity import Catalogue, Ramp
+from .capacity import WORK_RTOL, Catalogue, Ramp
 from .mincost import assemble, choice_of, min_cost
 from .search import min_makespan
 from .spot import at_price_cap, efficiency, loss_draws, loss_per_interruption_ref_s, rate_per_s
@@ -290,8 +290,10 @@ def _survivors(res: Sequence[Resource], lost: str, at_s: float, now_s: float) ->
 def fallback_at(plan: Plan, types: Sequence[MachineType], private: Sequence[PrivateNode], work: Work,
                 deadline_s: float, lost: str, at_s: float, *, catalogue: Catalogue,
                 existing: Sequence[ExistingInstance] = (), now_s: float = 0.0,
-                options: PlanOptions = PlanOptions()) -> Trigger:
-    """The on-demand recovery if spot type ``lost`` (every instance of it) is lost at ``at_s``."""
+                options: PlanOptions = PlanOptions(), priced: bool = True) -> Trigger:
+    """The on-demand recovery if spot type ``lost`` (every instance of it) is lost at ``at_s``;
+    ``priced`` False: only whether there is one (no solve: the survivors and every on-demand
+    type at its limit can do the work left by the deadline)."""
     res = resources(plan, catalogue)
     done = sum(Ramp(r.eff_rate_per_s * r.count, r.start_s, r.end_s).capacity(at_s) for r in res)
     lost_res = [r for r in res if r.type is not None and r.type.name == lost and r.end_s > at_s]
@@ -306,6 +308,10 @@ def fallback_at(plan: Plan, types: Sequence[MachineType], private: Sequence[Priv
     rest = Work(left, max(1, math.ceil(left / max(work.mean_ref_s, 1e-9))), work.mean_ref_s, work.sd_ref_s)
     survivors = _survivors(res, lost, at_s, now_s)
     od = [dataclasses.replace(t, limit=0) if t.is_spot else t for t in types]
+    if not priced:
+        room = Catalogue.build(od, private, rest, survivors, now_s + at_s, options)
+        ok = room.max_capacity_ref_s(deadline_s - at_s) >= left * (1 - WORK_RTOL)
+        return Trigger(lost, at_s, {}, 0.0 if ok else math.inf, ok)
     try:
         rec = min_cost(od, private, rest, max(1e-3, deadline_s - at_s), existing=survivors, now_s=now_s + at_s,
                        options=options)
@@ -319,17 +325,24 @@ def fallback_at(plan: Plan, types: Sequence[MachineType], private: Sequence[Priv
 
 def fallback_triggers(plan: Plan, types: Sequence[MachineType], private: Sequence[PrivateNode], work: Work,
                       deadline_s: float, *, catalogue: Catalogue, existing: Sequence[ExistingInstance] = (),
-                      now_s: float = 0.0, options: PlanOptions = PlanOptions()) -> list[Trigger]:
+                      now_s: float = 0.0, options: PlanOptions = PlanOptions(), priced: bool = True
+                      ) -> list[Trigger]:
     """Per spot type used, the worst point of the grid (an infeasible one first, else the
-    dearest recovery)."""
+    dearest recovery; ``priced`` False: the first point that cannot be recovered, else any)."""
     res = resources(plan, catalogue)
     out = []
     for name in sorted({r.type.name for r in res if r.type is not None and r.type.is_spot}):
         end = min(deadline_s, max(r.end_s for r in res if r.type is not None and r.type.name == name))
         grid = sorted({0.0, end / 3.0, 2.0 * end / 3.0, max(0.0, end - LATE_MARGIN_S)})
-        found = [fallback_at(plan, types, private, work, deadline_s, name, t, catalogue=catalogue,
-                             existing=existing, now_s=now_s, options=options) for t in grid]
+        found = []
+        for t in sorted(grid, reverse=not priced):  # late points fail first
+            found.append(fallback_at(plan, types, private, work, deadline_s, name, t, catalogue=catalogue,
+                                     existing=existing, now_s=now_s, options=options, priced=priced))
+            if not found[-1].feasible and not priced:
+                break
         out.append(max(found, key=lambda tr: (not tr.feasible, tr.extra_usd, tr.by_s)))
+        if not out[-1].feasible and not priced:
+            break
     return out
 
 
@@ -360,7 +373,7 @@ def spot_min_cost(types: Sequence[MachineType], private: Sequence[PrivateNode], 
         overrun = risk.makespan_hold_s - deadline_s
         triggers = [] if overrun > 0 else fallback_triggers(plan, types, private, work, deadline_s,
                                                             catalogue=catalogue, existing=existing, now_s=now_s,
-                                                            options=options)
+                                                            options=options, priced=False)
         if overrun <= 0 and all(tr.feasible for tr in triggers):
             if od_plan is not None and od_plan.cost_usd <= risk.cost_usd:
                 return od_plan
