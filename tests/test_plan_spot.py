@@ -380,3 +380,23 @@ def test_a_replan_with_running_spot_and_on_demand_instances_holds_the_deadline_a
         if launches_spot(plan, capped):
             assert plan.cost_usd + budget_reserve(plan, capped, work, catalogue=catalogue) <= budget * (1 + 1e-9)
         assert launches_spot(plan, capped) == (budget == 20.0)
+
+
+def test_the_front_points_and_theta_plan_mixed_fleets_no_dearer_than_on_demand_alone():
+    from broker.core.plan import plan_front
+    from broker.core.plan.spotplan import on_demand_only
+
+    types = [od(limit=20), spot(limit=20, price=0.05, rate=0.05), od(name="m5.2xlarge", slots=8, price=0.384, limit=5)]
+    work = Work(2000 * 1020.0, 2000, 1020.0, 300.0)
+    front = plan_front(types, [], work)
+    assert any(p.fleet.get("c5.xlarge@spot", 0) for p in front.points)
+    for p in front.points:
+        try:
+            alone = min_cost(on_demand_only(types), [], work, p.makespan_s)
+        except NoFeasiblePlan:
+            continue
+        assert p.cost_usd <= alone.cost_usd + 1e-9
+    for goal in (Goal("theta", 0.5), Goal("point", 1), Goal()):
+        chosen = plan_for_goal(types, [], work, goal, front=front)
+        assert chosen in front.with_cheapest()
+    assert front.cheapest.fleet["c5.xlarge@spot"] > 0
