@@ -400,3 +400,19 @@ def test_the_front_points_and_theta_plan_mixed_fleets_no_dearer_than_on_demand_a
         chosen = plan_for_goal(types, [], work, goal, front=front)
         assert chosen in front.with_cheapest()
     assert front.cheapest.fleet["c5.xlarge@spot"] > 0
+
+
+def test_broker_run_prints_the_spot_lines_under_its_plan_table(capsys):
+    from types import SimpleNamespace
+
+    from broker.cli.runview import RunConsole
+    from broker.core.model import Inventory
+
+    types = (od(limit=60), spot(limit=60, price=0.051, rate=0.05))
+    work = Work(3000 * 1020.0, 3000, 1020.0, 300.0)
+    plan = plan_for_goal(types, [], work, Goal("deadline", 10 * 3600 - 600), now_s=600.0)
+    console = RunConsole(Inventory(types=types), Goal("deadline", 10 * 3600), 3000, True, False)
+    request = SimpleNamespace(memory=SimpleNamespace(last_plan=plan, last_plan_at_s=600.0))
+    console._spot_lines(SimpleNamespace(work=work), request)
+    out = capsys.readouterr().out
+    assert "below on-demand only" in out and "fallback: if c5.xlarge@spot is lost at" in out
