@@ -13,12 +13,17 @@ lambda (AWS's Spot Instance Advisor buckets are monthly shares; the inventory tu
 rate). An interruption ends every task running on the instance; their work so far is lost (no
 checkpoints) and they run again from the start; the lost slot waits a relaunch: a replacement
 instance, ready b seconds after the interruption. Billing: spot is billed per second, so an
-instance is charged for the time it ran (boot included); on hourly billing AWS does not charge
-the partial hour it interrupted, which only lowers what a plan pays (the figures here are
-upper values there).
+instance is charged for the time it ran (boot included), and a lineage (an instance and its
+replacements) kept L seconds costs exactly price x L. On hourly billing AWS does not charge the
+partial hour it interrupted (on average half a unit per interruption saved), while the
+replacement's units run from its own launch, so its last one, released at its boundary before
+the lineage's planned end, gives back up to a unit of the lineage's time: the plan counts the
+planned units, which a lineage never exceeds (the replacement's paid units end by the
+lineage's last boundary).
 
-**One task on a slot** (restart without checkpoint; e.g. Kulkarni, Nicola and Trivedi, "The
-completion time of a job on multimode systems", Adv. Appl. Prob. 1987): an attempt of length D
+**One task on a slot** (restart without checkpoint, the classical "preemptive-repeat-identical"
+completion time; e.g. Kulkarni, Nicola and Trivedi, "The completion time of a job on multimode
+systems", Adv. Appl. Prob. 1987): an attempt of length D
 survives with probability e^{-lambda D}; a failed attempt lasted E[X | X < D] with X the time
 to the next interruption, then waits b. The number of failed attempts is geometric with mean
 e^{lambda D} - 1, and summing the lost time (ALGORITHMS.md 10: (1 - e^{-lambda D}) / lambda -
