@@ -40,12 +40,13 @@ the last resort, and it wins whenever it is expected to be cheaper.
 price cap (``spot.at_price_cap``), *plus a reserve*, fits the budget (a plan that launches no
 new spot instance needs none: spot instances already running are there whatever it does, and
 the controller's budget rules stop a run before it overspends). The reserve is the
-largest over the spot types i used of R_i, the cheapest cost of doing type i's whole planned
-work again (its effective capacity C_i plus its running tasks, a long task each) on the other
-types (spot at their cap; no private node, no survivor: they do their own share): an upper
-bound on what losing type i at any moment t costs beyond what the plan has paid by t, because
-the work left of type i at t is at most C_i plus its running tasks and doing more work never
-costs less (``min_cost`` is monotone in the work). Interruptions by themselves add no money on
+largest over the spot types i used of R_i, the cost of doing type i's whole planned work again
+(its effective capacity C_i plus its running tasks, a long task each) on the other types (spot
+at their cap; no private node, no survivor: they do their own share), bounded from above by
+one instance of the type that does it for least, kept until done (``redo_usd``; no solve): an
+upper bound on what losing type i at any moment t costs beyond what the plan has paid by t,
+because the work left of type i at t is at most C_i plus its running tasks and doing more work
+never costs less (``min_cost`` is monotone in the work). Interruptions by themselves add no money on
 per-second billing (a lineage is paid for the time it is kept, whatever ran on it) but may
 leave work undone: the reserve also holds the 1 - delta quantile of the cost of running on
 (``plan_risk``). The reserve is found by fixed point: solve with the budget less the reserve,
@@ -68,7 +69,7 @@ import numpy as np
 
 from ..units import format_duration
 from ..model import ExistingInstance, MachineType, PrivateNode
-from .capacity import WORK_RTOL, Catalogue, Ramp
+from .capacity import WORK_RTOL, Catalogue, Ramp, planning_quantum_s
 from .mincost import assemble, choice_of, min_cost
 from .search import min_makespan
 from .spot import at_price_cap, efficiency, loss_draws, loss_per_interruption_ref_s, rate_per_s
@@ -394,10 +395,26 @@ def spot_min_cost(types: Sequence[MachineType], private: Sequence[PrivateNode], 
         "interruptions, and no on-demand plan meets it")
 
 
+def redo_usd(types: Sequence[MachineType], work: Work, options: PlanOptions = PlanOptions()) -> float:
+    """An upper bound on the cheapest plan for ``work`` on ``types`` (no private node, no
+    deadline): one instance of the type that does it for least, kept until it is done (spot at
+    its effective rate): the cheapest plan is at most that. +inf with no type to run on."""
+    best = math.inf
+    for t in types:
+        rate = t.capacity_per_s * (efficiency(t, work) if t.is_spot else 1.0)
+        if t.limit <= 0 or rate <= 0:
+            continue
+        start = t.boot_s + options.allowance_s(t.speed, work.mean_ref_s, work.sd_ref_s)
+        q = planning_quantum_s(t.billing, options)
+        quanta = max(1, math.ceil((work.total_ref_s / rate + start) / q - 1e-9))
+        best = min(best, t.billing.cost_usd(quanta * q, t.price_per_hour))
+    return best
+
+
 def budget_reserve(plan: Plan, types: Sequence[MachineType], work: Work, *, catalogue: Catalogue,
                    options: PlanOptions = PlanOptions(), confidence: float = 0.9) -> float:
     """The money a budget keeps back for ``plan`` (module docstring): the dearest whole-type
-    loss R_i plus the 1 - delta quantile of the cost of running on."""
+    loss R_i (bounded by ``redo_usd``) plus the 1 - delta quantile of the cost of running on."""
     res = resources(plan, catalogue)
     worst = 0.0
     for name in sorted({r.type.name for r in res if r.type is not None and r.type.is_spot}):
@@ -407,12 +424,9 @@ def budget_reserve(plan: Plan, types: Sequence[MachineType], work: Work, *, cata
         again += _in_progress_ref_s(t, sum(r.count for r in mine), work)
         others = [dataclasses.replace(o, limit=0) if o.name == name else o for o in types]
         redo = Work(again, max(1, math.ceil(again / max(work.mean_ref_s, 1e-9))), work.mean_ref_s, work.sd_ref_s)
-        try:
-            # The cheapest plan: at a deadline past every saturation horizon.
-            cheapest = min_cost(others, (), redo, 1e9, options=options)
-        except NoFeasiblePlan:
-            return math.inf
-        worst = max(worst, cheapest.cost_usd)
+        worst = max(worst, redo_usd(others, redo, options))
+        if math.isinf(worst):
+            return worst
     risk = plan_risk(plan, catalogue, work, confidence=confidence)
     return worst + max(0.0, risk.cost_hold_usd - plan.cost_usd)
 
@@ -423,6 +437,8 @@ def spot_min_makespan(types: Sequence[MachineType], private: Sequence[PrivateNod
                       hint_s: float | None = None) -> Plan:
     """The fastest plan whose cost at the spot caps plus its reserve fits ``budget_usd``."""
     capped = at_price_cap(types)
+    od_types = on_demand_only(capped)
+    od_plan: Plan | NoFeasiblePlan | None = None  # solved once spot first fails to fit
     reserve = 0.0
     for _ in range(MAX_TRIES):
         if reserve > budget_usd:
@@ -434,13 +450,25 @@ def spot_min_makespan(types: Sequence[MachineType], private: Sequence[PrivateNod
             break
         if not launches_spot(plan, capped):
             return plan  # running spot instances are there whatever the plan does
+        if isinstance(od_plan, Plan) and plan.makespan_s >= od_plan.makespan_s:
+            return od_plan  # what the reserve leaves for spot is no faster than on demand alone
         catalogue = Catalogue.build(capped, private, work, existing, now_s, options)
         need = budget_reserve(plan, capped, work, catalogue=catalogue, options=options, confidence=confidence)
         if plan.cost_usd + need <= budget_usd * (1 + 1e-9):
             return plan
+        if od_plan is None:
+            try:
+                od_plan = min_makespan(od_types, private, work, budget_usd, existing=existing, now_s=now_s,
+                                       options=options, hint_s=hint_s)
+            except NoFeasiblePlan as exc:
+                od_plan = exc
         reserve = max(need, reserve + 0.02 * budget_usd)
+    if isinstance(od_plan, Plan):
+        return od_plan
     try:
-        return min_makespan(on_demand_only(capped), private, work, budget_usd, existing=existing, now_s=now_s,
+        if isinstance(od_plan, NoFeasiblePlan):
+            raise od_plan
+        return min_makespan(od_types, private, work, budget_usd, existing=existing, now_s=now_s,
                             options=options, hint_s=hint_s)
     except NoFeasiblePlan as exc:
         raise NoFeasiblePlan(
