@@ -535,9 +535,12 @@ class SpotSummary:
         else:
             head += ("; no on-demand-only plan meets the deadline" if self.triggers
                      else "; no on-demand-only plan is as fast")
-        out = [head, f"  under interruptions: done in {format_duration(r.makespan_s)} ({pct}: "
-                     f"{format_duration(r.makespan_s_range[0])}-{format_duration(r.makespan_s_range[1])}), "
-                     f"${r.cost_usd_range[0]:,.2f}-${r.cost_usd_range[1]:,.2f}"]
+        unit, div = ("h", 3600.0) if r.makespan_s >= 2 * 3600 else ("min", 60.0)  # as Promise.text
+        lo, hi = (r.makespan_s - r.makespan_s_range[0]) / div, (r.makespan_s_range[1] - r.makespan_s) / div
+        out = [head, f"  interruptions spread the makespan by -{lo:.1f}/+{hi:.1f} {unit} and the cost by "
+                     f"-${max(0.0, r.cost_usd - r.cost_usd_range[0]):,.2f}/"
+                     f"+${max(0.0, r.cost_usd_range[1] - r.cost_usd):,.2f} ({pct}; "
+                     "in the promise's interval)"]
         for t in self.triggers:
             if not t.feasible:
                 out.append(f"  fallback: nothing on demand can finish in time if {t.lost} is lost at "
