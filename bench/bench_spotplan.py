@@ -30,7 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from broker.core.billing import Billing  # noqa: E402
 from broker.core.model import SPOT, spot_key  # noqa: E402
 from broker.core.plan import Goal, Work, choose_theta, min_cost, plan_front, plan_for_goal  # noqa: E402
-from broker.core.plan.spotplan import on_demand_only, spot_summary  # noqa: E402
+from broker.core.plan.spotplan import on_demand_only  # noqa: E402
+from broker.core.plan.spotsummary import spot_summary  # noqa: E402
 from broker.core.units import format_duration  # noqa: E402
 
 

@@ -109,7 +109,7 @@ class RunConsole:
         if plan is None or not any(t.is_spot for t in self.inventory.types):
             return
         from broker.core.goal import Goal
-        from broker.core.plan.spotplan import spot_summary
+        from broker.core.plan.spotsummary import spot_summary
 
         value = float(self.goal.value) if self.goal.kind in ("deadline", "budget") else 0.0
         if self.goal.kind == "deadline":  # the plan's times are from its moment
