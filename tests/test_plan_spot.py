@@ -416,3 +416,21 @@ def test_broker_run_prints_the_spot_lines_under_its_plan_table(capsys):
     console._spot_lines(SimpleNamespace(work=work), request)
     out = capsys.readouterr().out
     assert "below on-demand only" in out and "fallback: if c5.xlarge@spot is lost at" in out
+
+
+def test_a_budget_plan_on_spot_is_never_slower_than_on_demand_alone_within_the_same_budget():
+    # Spot capped at the on-demand price: the reserve leaves spot too little money, and the
+    # plan bought with what is left used to be returned (3h58m where on demand alone took 1h59m).
+    from broker.core.plan.search import min_makespan
+    from broker.core.plan.spotplan import on_demand_only
+
+    thesis = [("m1.small", 1, 0.08), ("c1.medium", 5, 0.165), ("m1.large", 4, 0.32), ("c1.xlarge", 20, 0.66)]
+    work = Work(2000 * 1020.0 + 1.645 * 510.0 * 2000 ** 0.5, 2000, 1020.0, 510.0)
+    for capped in (True, False):
+        types = [od(name=n, slots=1, speed=v, price=p, limit=20, boot=0.0) for n, v, p in thesis]
+        types += [spot(ec2=n, slots=1, speed=v, price=0.3 * p, cap=p if capped else None, limit=20, rate=0.05)
+                  for n, v, p in thesis]
+        for budget in (20.045, 30.0):  # 20.045: on demand alone at the knee of its front (1h59m57s)
+            alone = min_makespan(on_demand_only(types), [], work, budget)
+            plan = plan_for_goal(types, [], work, Goal("budget", budget))
+            assert plan.makespan_s <= alone.makespan_s + PlanOptions().bisect_tol_s, (capped, budget)

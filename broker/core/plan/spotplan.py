@@ -449,7 +449,9 @@ def spot_min_makespan(types: Sequence[MachineType], private: Sequence[PrivateNod
         except NoFeasiblePlan:
             break
         if not launches_spot(plan, capped):
-            return plan  # running spot instances are there whatever the plan does
+            if reserve <= 0:
+                return plan  # running spot instances are there whatever the plan does
+            break  # bought without spot on the money the reserve left: on demand with the whole budget
         if isinstance(od_plan, Plan) and plan.makespan_s >= od_plan.makespan_s:
             return od_plan  # what the reserve leaves for spot is no faster than on demand alone
         catalogue = Catalogue.build(capped, private, work, existing, now_s, options)
