@@ -70,8 +70,9 @@ class AttemptsMixin:
                 runs[node].append(self._run_of(a.task_id, attempt.attempt))
                 self.log.info("task.start", task=a.task_id, attempt=attempt.attempt, node=node, slot=a.slot.index,
                               cause=a.cause)
-        for node, batch in runs.items():  # only once the starts are durable
-            self.clients[node].submit(batch)
+        for node, batch in runs.items():  # only once the starts are durable (the turn committed)
+            client = self.clients[node]
+            self.journal.after_commit(lambda n=node, c=client, b=batch: self.clients.get(n) is c and c.submit(b))
 
     # -- agent messages ----------------------------------------------------------------------
     def _on_agent_message(self, node: str, message: Any, acks: dict[str, list[tuple[str, int]]]) -> bool:

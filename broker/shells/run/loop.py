@@ -234,6 +234,10 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
     # -- one turn ----------------------------------------------------------------------------
     def _turn(self) -> None:
         messages = self._drain()
+        with self.journal.group():  # one commit per turn; intents are fsynced before their call
+            self._turn_on(messages)
+
+    def _turn_on(self, messages: list[tuple[str | None, Any]]) -> None:
         if self.stop_requested and not self.stopping:
             if self.opt.on_stop == "leave" and self.stop_reason == "user_stop":
                 self.stopping = self.leaving = True
@@ -249,10 +253,10 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
                 for node, message in messages:
                     if node is not None:
                         changed |= self._on_agent_message(node, message, acks)
-        for node, keys in acks.items():
+        for node, keys in acks.items():  # an ack means "durably recorded": once the turn committed
             client = self.clients.get(node)
             if client is not None:
-                client.ack(keys)
+                self.journal.after_commit(lambda n=node, c=client, k=keys: self.clients.get(n) is c and c.ack(k))
         if self._to_fetch:  # before any release this turn, so an instance goes with its outputs fetched
             self._fetch_all_outputs()
         for message in control:
