@@ -49,7 +49,7 @@ from broker.core.model import Bag, Inventory
 from broker.shells.clock import RunClock
 from broker.shells.diskfull import DiskFull
 from broker.shells.journal import Journal
-from broker.shells.logging import mask_secrets, register_secrets_in
+from broker.shells.logging import register_secrets_in, write_event
 
 from .actuator import Ec2Actuator, Ec2Answer, Timers
 from .attempts import AttemptsMixin, _round
@@ -368,8 +368,8 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
 
     # -- events ------------------------------------------------------------------------------
     def _emit(self, name: str, **fields: Any) -> None:
-        self.log.info(name, **fields)
-        self.journal.record_event(name, mask_secrets(fields))
+        """One event, masked and encoded once: the log's line and the journal's row (write_event)."""
+        self.journal.record_event(name, write_event(name, fields, context={"run_id": self.opt.run_id}))
 
     def _committed_usd(self) -> float:
         return self.ledger.committed_usd(self.clock.now_s())
