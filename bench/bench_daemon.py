@@ -9,6 +9,8 @@ planning before the first start are left out). The bare agent path is
 ``bench/bench_dispatch.py``'s loop (the same agents, no journal, no controller) on the same
 machine in the same invocation, so the ratio daemon / bare is what the daemon costs.
 
+Also the CPU time of the ``broker run`` process per task (its threads, start-up included; the
+agents are detached and not counted): steadier than the rates on a shared machine.
 Medians over ``--repeat`` runs of each. No asserts: a loaded machine moves both figures.
 """
 
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -30,20 +33,21 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def daemon_rate(agents: int, slots: int, n_tasks: int) -> tuple[float, float]:
-    """(tasks/s between the first start and the last result, wall seconds of ``broker run``)."""
+def daemon_rate(agents: int, slots: int, n_tasks: int) -> tuple[float, float, float]:
+    """(tasks/s between the first start and the last result, wall seconds of ``broker run``,
+    CPU seconds of the ``broker run`` process: its threads, not the detached agents)."""
     with tempfile.TemporaryDirectory(prefix="bk-daemon-") as tmp:
         root = Path(tmp)
         nodes = "".join(f"  - name: n{i}\n    local: true\n    slots: {slots}\n" for i in range(agents))
         (root / "inv.yaml").write_text(f"private:\n{nodes}")
         (root / "bag.yaml").write_text(f'command: ": {{k}}"\ntimeout: 30s\nsweep:\n  k: {{range: [0, {n_tasks}]}}\n')
         env = dict(os.environ, PYTHONPATH=str(REPO))
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), _children_cpu_s()
         done = subprocess.run(
             [sys.executable, "-m", "broker", "run", "--inventory", str(root / "inv.yaml"), "--deadline", "10h",
              "--run-dir", str(root / "run"), "--yes", str(root / "bag.yaml")],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=1800)
-        wall_s = time.perf_counter() - t0
+        wall_s, cpu_s = time.perf_counter() - t0, _children_cpu_s() - cpu0
         if done.returncode != 0:
             raise RuntimeError(f"broker run exited {done.returncode}: {done.stderr[-2000:]}")
         first = last = None
@@ -60,7 +64,12 @@ def daemon_rate(agents: int, slots: int, n_tasks: int) -> tuple[float, float]:
                     last, count = at, count + 1
         if count != n_tasks or first is None or last is None:
             raise RuntimeError(f"{count} of {n_tasks} tasks done in events.jsonl")
-        return n_tasks / (last - first), wall_s
+        return n_tasks / (last - first), wall_s, cpu_s
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -80,17 +89,20 @@ def main() -> None:
     print(f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}; "
           f"load average {os.getloadavg()[0]:.2f}")
     spawn = spawn_only_rate(":")
-    bare, daemon, walls = [], [], []
+    bare, daemon, walls, cpus = [], [], [], []
     for _ in range(args.repeat):  # interleaved, so that a change of load hits both alike
         bare.append(local_dispatch(args.agents, args.slots, args.tasks, ":").tasks_per_s)
-        rate, wall = daemon_rate(args.agents, args.slots, args.tasks)
+        rate, wall, cpu = daemon_rate(args.agents, args.slots, args.tasks)
         daemon.append(rate)
         walls.append(wall)
+        cpus.append(cpu)
     b, d = statistics.median(bare), statistics.median(daemon)
     print(f"spawn-only floor:            {spawn:,.0f} tasks/s")
     print(f"bare agent path ({args.agents} agents):  {b:,.0f} tasks/s  (runs: {', '.join(f'{x:,.0f}' for x in bare)})")
     print(f"broker run ({args.agents} agents):       {d:,.0f} tasks/s  (runs: {', '.join(f'{x:,.0f}' for x in daemon)}; "
           f"whole command {statistics.median(walls):.1f} s)")
+    print(f"broker run CPU per task:     {1e3 * statistics.median(cpus) / args.tasks:.3f} ms (the whole process, "
+          f"start-up included: runs {', '.join(f'{1e3 * c / args.tasks:.3f}' for c in cpus)})")
     print(f"daemon / bare agent path:    {d / b:.2f}x;  bare / spawn-only: {b / spawn:.2f}x")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
