@@ -231,7 +231,7 @@ class _Route:
     def __init__(self, chain: list[Any], sinks: list[tuple[Any, Any]], console: Callable[[], TextIO],
                  renderer: Any, console_json: bool, shown: Callable[[dict[str, Any]], bool], floor: int,
                  bind: dict[str, Any]) -> None:
-        self.chain, self.sinks, self.console, self.renderer = chain, sinks, console, renderer
+        self.chain, self.last, self.sinks, self.console, self.renderer = chain, chain[-1], sinks, console, renderer
         self.console_json, self.shown, self.floor, self.bind = console_json, shown, floor, bind
 
 
@@ -239,6 +239,13 @@ _route: _Route | None = None
 _STAMP = structlog.processors.TimeStamper(fmt="iso", utc=True)
 _strict = json_module.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str, allow_nan=False).encode
 _loose = json_module.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str).encode  # the journal's
+
+
+def _in_force(route: _Route) -> bool:
+    """Whether structlog still runs :func:`configure_logging`'s chain (capture_logs swaps its
+    processors in place)."""
+    chain = structlog.get_config()["processors"]
+    return chain is route.chain and bool(chain) and chain[-1] is route.last
 
 
 def write_event(name: str, fields: dict[str, Any], *, level: str = "info",
@@ -258,7 +265,7 @@ def write_event(name: str, fields: dict[str, Any], *, level: str = "info",
         encoded = None
     route = _route
     head = {**(route.bind if route else {}), **(context or {}), **structlog.contextvars.get_contextvars()}
-    if (route is None or encoded is None or structlog.get_config()["processors"] is not route.chain
+    if (route is None or encoded is None or not _in_force(route)
             or not head.keys().isdisjoint(masked) or not {"event", "level", "timestamp"}.isdisjoint(masked)):
         structlog.get_logger().bind(**head).log(_LEVELS[level], name, **masked)
         return encoded if encoded is not None else _loose(masked)
