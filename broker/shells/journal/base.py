@@ -134,11 +134,15 @@ class JournalBase:
 
     # -- transactions ----------------------------------------------------------------------
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One call's writes, all or nothing: a transaction, or a savepoint inside a batch."""
+    def _write(self, one_statement: bool = False) -> Iterator[sqlite3.Connection]:
+        """One call's writes, all or nothing: a transaction, or a savepoint inside a batch or
+        group (none for a call of ``one_statement``: a statement is atomic by itself)."""
         if self.readonly:
             raise JournalError(f"{self.path} was opened read-only")
         with self._lock:
+            if one_statement and self._in_batch:
+                yield self._db
+                return
             begin, commit, rollback = (
                 ("SAVEPOINT call", "RELEASE call", "ROLLBACK TO call; RELEASE call")
                 if self._in_batch

@@ -201,12 +201,16 @@ class Journal(JournalReader):
         attempt succeed, the task becomes done.
         """
         with self._write() as db:
-            self._require_task(db, task_id)
-            cur = db.execute(
-                "INSERT INTO attempts (task_id, attempt, node, started_at) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (task_id, attempt) DO NOTHING",
-                (task_id, int(attempt), node, self._now(at_s)),
-            )
+            try:  # an unknown task fails the attempts' foreign key
+                cur = db.execute(
+                    "INSERT INTO attempts (task_id, attempt, node, started_at) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (task_id, attempt) DO NOTHING",
+                    (task_id, int(attempt), node, self._now(at_s)),
+                )
+            except sqlite3.IntegrityError as exc:
+                if "FOREIGN KEY" in str(exc):
+                    raise JournalError(f"unknown task {task_id!r}") from exc
+                raise JournalError(f"attempt {attempt!r} of task {task_id!r} refused: {exc}") from exc
             if cur.rowcount != 1:
                 return False
             db.execute(
@@ -236,17 +240,19 @@ class Journal(JournalReader):
         """
         now = self._now(at_s)
         with self._write() as db:
-            self._require_task(db, task_id)
-            row = db.execute(
-                "SELECT outcome FROM attempts WHERE task_id = ? AND attempt = ?", (task_id, int(attempt))
+            known, outcome = db.execute(
+                "SELECT EXISTS (SELECT 1 FROM tasks WHERE id = ?),"
+                " (SELECT outcome FROM attempts WHERE task_id = ? AND attempt = ?)", (task_id, task_id, int(attempt))
             ).fetchone()
-            if row is not None and row[0] != "running":
+            if not known:
+                raise JournalError(f"unknown task {task_id!r}")
+            if outcome is not None and outcome != "running":
                 return False
             fields = (
                 now, result.outcome, result.exit_code, result.runtime_s, int(result.timed_out),
                 result.stdout_tail, result.stderr_tail, result.error,
             )
-            if row is None:
+            if outcome is None:  # no such attempt (outcome is NOT NULL in a row)
                 db.execute(
                     "INSERT INTO attempts (task_id, attempt, node, ended_at, outcome, exit_code, runtime_s,"
                     " timed_out, stdout_tail, stderr_tail, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -552,5 +558,5 @@ class Journal(JournalReader):
         """Store an event; ``fields`` is a mapping, or already its JSON (the log's one encoding of
         it: :func:`broker.shells.logging.write_event`)."""
         encoded = fields if isinstance(fields, str) else _json(dict(fields))
-        with self._write() as db:
+        with self._write(one_statement=True) as db:
             db.execute("INSERT INTO events (at, name, fields) VALUES (?, ?, ?)", (self._now(at_s), name, encoded))
