@@ -10,7 +10,9 @@ planning before the first start are left out). The bare agent path is
 machine in the same invocation, so the ratio daemon / bare is what the daemon costs.
 
 Also the CPU time of the ``broker run`` process per task (its threads, start-up included; the
-agents are detached and not counted): steadier than the rates on a shared machine.
+agents are detached and not counted), and of its main thread (the loop: journal, log lines,
+decisions, pipe writes) from the first start to the last result: steadier than the rates on a
+shared machine.
 Medians over ``--repeat`` runs of each. No asserts: a loaded machine moves both figures.
 """
 
@@ -33,9 +35,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def daemon_rate(agents: int, slots: int, n_tasks: int) -> tuple[float, float, float]:
+def daemon_rate(agents: int, slots: int, n_tasks: int) -> tuple[float, float, float, float]:
     """(tasks/s between the first start and the last result, wall seconds of ``broker run``,
-    CPU seconds of the ``broker run`` process: its threads, not the detached agents)."""
+    CPU seconds of the ``broker run`` process (its threads, start-up included; not the
+    detached agents), CPU seconds of its main thread, the loop, between the first start and
+    the last result)."""
     with tempfile.TemporaryDirectory(prefix="bk-daemon-") as tmp:
         root = Path(tmp)
         nodes = "".join(f"  - name: n{i}\n    local: true\n    slots: {slots}\n" for i in range(agents))
@@ -43,13 +47,15 @@ def daemon_rate(agents: int, slots: int, n_tasks: int) -> tuple[float, float, fl
         (root / "bag.yaml").write_text(f'command: ": {{k}}"\ntimeout: 30s\nsweep:\n  k: {{range: [0, {n_tasks}]}}\n')
         env = dict(os.environ, PYTHONPATH=str(REPO))
         t0, cpu0 = time.perf_counter(), _children_cpu_s()
-        done = subprocess.run(
-            [sys.executable, "-m", "broker", "run", "--inventory", str(root / "inv.yaml"), "--deadline", "10h",
-             "--run-dir", str(root / "run"), "--yes", str(root / "bag.yaml")],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=1800)
+        with open(root / "stderr", "w") as err:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "broker", "run", "--inventory", str(root / "inv.yaml"), "--deadline", "10h",
+                 "--run-dir", str(root / "run"), "--yes", str(root / "bag.yaml")],
+                env=env, stdout=subprocess.DEVNULL, stderr=err)
+            samples = _main_thread_cpu(child)  # (epoch s, main-thread CPU s) every 20 ms
         wall_s, cpu_s = time.perf_counter() - t0, _children_cpu_s() - cpu0
-        if done.returncode != 0:
-            raise RuntimeError(f"broker run exited {done.returncode}: {done.stderr[-2000:]}")
+        if child.returncode != 0:
+            raise RuntimeError(f"broker run exited {child.returncode}: {(root / 'stderr').read_text()[-2000:]}")
         first = last = None
         count = 0
         with open(root / "run" / "events.jsonl", encoding="utf-8") as f:
@@ -64,7 +70,29 @@ def daemon_rate(agents: int, slots: int, n_tasks: int) -> tuple[float, float, fl
                     last, count = at, count + 1
         if count != n_tasks or first is None or last is None:
             raise RuntimeError(f"{count} of {n_tasks} tasks done in events.jsonl")
-        return n_tasks / (last - first), wall_s, cpu_s
+        loop_cpu_s = _cpu_at(samples, last) - _cpu_at(samples, first)
+        return n_tasks / (last - first), wall_s, cpu_s, loop_cpu_s
+
+
+def _main_thread_cpu(child: subprocess.Popen) -> list[tuple[float, float]]:
+    """Poll the child's main thread's CPU time (/proc/PID/task/PID/stat) until it exits."""
+    tick = os.sysconf("SC_CLK_TCK")
+    samples = []
+    while child.poll() is None:
+        try:
+            with open(f"/proc/{child.pid}/task/{child.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            samples.append((time.time(), (int(fields[11]) + int(fields[12])) / tick))
+        except (OSError, IndexError, ValueError):
+            pass
+        time.sleep(0.02)
+    return samples
+
+
+def _cpu_at(samples: list[tuple[float, float]], at: float) -> float:
+    """The last sampled CPU time at or before ``at``."""
+    before = [cpu for t, cpu in samples if t <= at]
+    return before[-1] if before else 0.0
 
 
 def _children_cpu_s() -> float:
@@ -89,10 +117,11 @@ def main() -> None:
     print(f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}; "
           f"load average {os.getloadavg()[0]:.2f}")
     spawn = spawn_only_rate(":")
-    bare, daemon, walls, cpus = [], [], [], []
+    bare, daemon, walls, cpus, loops = [], [], [], [], []
     for _ in range(args.repeat):  # interleaved, so that a change of load hits both alike
         bare.append(local_dispatch(args.agents, args.slots, args.tasks, ":").tasks_per_s)
-        rate, wall, cpu = daemon_rate(args.agents, args.slots, args.tasks)
+        rate, wall, cpu, loop_cpu = daemon_rate(args.agents, args.slots, args.tasks)
+        loops.append(loop_cpu)
         daemon.append(rate)
         walls.append(wall)
         cpus.append(cpu)
@@ -103,6 +132,8 @@ def main() -> None:
           f"whole command {statistics.median(walls):.1f} s)")
     print(f"broker run CPU per task:     {1e3 * statistics.median(cpus) / args.tasks:.3f} ms (the whole process, "
           f"start-up included: runs {', '.join(f'{1e3 * c / args.tasks:.3f}' for c in cpus)})")
+    print(f"its main thread (the loop):  {1e3 * statistics.median(loops) / args.tasks:.3f} ms CPU per task, first start "
+          f"to last result (runs {', '.join(f'{1e3 * c / args.tasks:.3f}' for c in loops)})")
     print(f"daemon / bare agent path:    {d / b:.2f}x;  bare / spawn-only: {b / spawn:.2f}x")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
