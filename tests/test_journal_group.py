@@ -206,3 +206,58 @@ def test_a_dry_run_killed_inside_and_right_after_groups_runs_every_task_once(tmp
     assert chain.tasks == 10 and chain.lost == 0
     assert chain.duplicates == 0 and chain.reruns == 0
     assert chain.orphans == 0
+
+
+class _WatchingFleet:
+    """An EC2 fleet that, when called (on the actuator's worker thread), looks at the journal
+    from another connection, as a crash right then would leave it, then refuses the call."""
+
+    def __init__(self, run_dir):
+        self.run_dir, self.seen = run_dir, []
+
+    def _look(self, call):
+        reader = Journal.open(self.run_dir, readonly=True)
+        try:
+            self.seen.append((call, [(a.kind, a.payload) for a in reader.pending_intents()],
+                              reader.status(0.0)["tasks"]["done"]))
+        finally:
+            reader.close()
+        raise RuntimeError("refused by the test")
+
+    def launch(self, type_name, count, client_token):
+        return self._look(("launch", client_token))
+
+    def terminate(self, instance_ids):
+        return self._look(("terminate", tuple(instance_ids)))
+
+
+def test_an_intent_written_in_the_daemons_turn_is_durable_before_its_ec2_call(tmp_path):
+    """The daemon's actuator inside a turn's group: when the EC2 call runs (off the loop), the
+    intent that guards it, and the turn's results before it, are already committed."""
+    import queue
+
+    from broker.core.billing import Billing
+    from broker.core.model import MachineType
+    from broker.shells.clock import RunClock
+    from broker.shells.run.actuator import Ec2Actuator
+
+    journal = new_journal(tmp_path)
+    journal.record_launch("i-1", "c5.large", launched_at_s=0.0, price_per_hour=0.1, billing=Billing.hourly())
+    fleet, answers = _WatchingFleet(tmp_path / "run"), queue.Queue()
+    ec2 = Ec2Actuator(fleet, journal, RunClock(), "g1", post=answers.put)
+    t = MachineType("c5.large", slots=2, speed=1.0, price_per_hour=0.1, limit=3)
+    try:
+        with journal.group():
+            journal.task_finished("t0", 1, OK)
+            token = ec2.launch(t, 1, "plan")
+            answers.get(timeout=30)  # the call ran while the group is still open
+            journal.task_finished("t1", 1, OK)
+            ec2.terminate_all({"i-1": "release"})
+            answers.get(timeout=30)
+    finally:
+        ec2.shutdown()
+    launch, terminate = fleet.seen
+    assert launch[0] == ("launch", token) and launch[2] == 1
+    assert ("launch", {"type": "c5.large", "count": 1, "client_token": token}) in launch[1]
+    assert terminate[0] == ("terminate", ("i-1",)) and terminate[2] == 2
+    assert ("terminate", {"instance_id": "i-1"}) in terminate[1]
