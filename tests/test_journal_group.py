@@ -118,6 +118,23 @@ def test_after_commit_runs_after_the_commit_in_order_and_never_after_a_rollback(
     assert done_seen_by(reader) == 1  # t2's result rolled back with its group
 
 
+def test_an_after_commit_action_that_raises_keeps_the_others_and_its_error_is_raised_after(tmp_path):
+    journal = new_journal(tmp_path)
+    calls = []
+
+    def broken_pipe():
+        calls.append("agent a")
+        raise BrokenPipeError("agent a is gone")
+
+    with pytest.raises(BrokenPipeError):
+        with journal.group():
+            journal.task_finished("t0", 1, OK)
+            journal.after_commit(broken_pipe)
+            journal.after_commit(lambda: calls.append("agent b"))
+    assert calls == ["agent a", "agent b"]
+    assert done_seen_by(journal) == 1  # committed before the actions ran
+
+
 def test_groups_do_not_nest_nor_open_inside_a_batch(tmp_path):
     journal = new_journal(tmp_path)
     with journal.group():

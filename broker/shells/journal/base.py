@@ -281,9 +281,17 @@ class JournalBase:
         self._run_after()
 
     def _run_after(self) -> None:
+        """Every action, in order; one that raises does not keep the others (the acks to one
+        agent, the attempts sent to another) from running; the first error is raised after."""
         actions, self._after = self._after, []
+        error: BaseException | None = None
         for action in actions:
-            action()
+            try:
+                action()
+            except Exception as exc:  # noqa: BLE001 - raised below, once the rest ran
+                error = error or exc
+        if error is not None:
+            raise error
 
     @contextmanager
     def _savepoint(self, name: str) -> Iterator[None]:
