@@ -105,14 +105,19 @@ class SpotMixin:
         c = self.spot_counts
         c.attempts_interrupted += 1
         c.lost_work_ref_s += max(0.0, now - a.started_at_s) * node.speed
-        n = self.interruptions.get(a.task_id, 0) + 1
-        self.interruptions[a.task_id] = n
-        if n >= self.policy.max_spot_attempts and a.task_id not in self.spot_barred:
-            self.spot_barred.add(a.task_id)
-            c.fallback_tasks += 1
+        self.count_interruption(a.task_id)
         out: list[Followup] = [Cancel(a.task_id, a.attempt, cause, node.id)]
         r = self._requeue(a.task_id, False, cause)
         return out + ([r] if r is not None else [])
+
+    def count_interruption(self, task_id: str) -> None:
+        """One more attempt of the task interrupted on spot (also a resume's journaled one):
+        at ``max_spot_attempts`` it is barred from spot."""
+        n = self.interruptions.get(task_id, 0) + 1
+        self.interruptions[task_id] = n
+        if n >= self.policy.max_spot_attempts and task_id not in self.spot_barred:
+            self.spot_barred.add(task_id)
+            self.spot_counts.fallback_tasks += 1
 
     def _expected_end_s(self, a: Attempt, node: NodeRecord, now: float) -> float:
         size = self.estimates.get(a.task_id)
