@@ -6,6 +6,7 @@ case (hypothesis)."""
 from __future__ import annotations
 
 import heapq
+import json
 import itertools
 import math
 import random
@@ -311,3 +312,39 @@ def test_a_budget_plans_worst_case_stays_within_the_budget(od_price, spot_share,
                       for t in capped]
             spend += min_cost(others, [], Work(left, tasks, mean, mean / 3), 1e9).cost_usd
     assert spend <= budget * (1 + 1e-9) + 1e-9
+
+
+# -- broker plan ---------------------------------------------------------------------------------
+
+SPOT_INVENTORY = """
+aws:
+  billing: hourly
+  types:
+    - {name: c5.xlarge, slots: 4, speed: 5, price: 0.17, limit: 20, boot: 90s}
+    - {name: c5.xlarge, market: spot, slots: 4, speed: 5, price: 0.051, max_price: 0.17, limit: 20, boot: 90s,
+       interruptions_per_hour: 0.05}
+"""
+
+
+def test_broker_plan_shows_the_market_the_savings_the_fallback_and_the_interval(tmp_path, capsys):
+    from broker.cli import main
+
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(SPOT_INVENTORY)
+    argv = ["plan", "--inventory", str(inv), "--tasks", "3000", "--mean-runtime", "17m", "--deadline", "10h"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "c5.xlarge@spot (spot, per-second)" in out and "c5.xlarge (hourly)" in out
+    assert "below on-demand only" in out and "fallback: if c5.xlarge@spot is lost at" in out
+    assert main(argv + ["--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["markets"] == {"c5.xlarge": "on-demand", "c5.xlarge@spot": "spot"}
+    spot_doc = doc["spot"]
+    assert doc["chosen"]["fleet"].get("c5.xlarge@spot", 0) == spot_doc["spot_instances"] > 0
+    assert spot_doc["savings_share"] >= 0.4  # spot at 30% of the price, a few interruptions
+    assert spot_doc["on_demand_cost_usd"] - spot_doc["expected_cost_usd"] == pytest.approx(spot_doc["savings_usd"],
+                                                                                           abs=1e-3)
+    assert spot_doc["makespan_s_range"][1] <= 10 * 3600
+    assert all(t["feasible"] for t in spot_doc["triggers"])
+    lo, hi = doc["promise"]["makespan_s_range"]
+    assert lo <= doc["promise"]["makespan_s"] <= hi
