@@ -150,3 +150,37 @@ def test_a_correlated_loss_takes_every_instance_of_the_type_and_its_capacity():
     # no spot instance launched while the capacity was gone; the run still finished on on-demand
     assert not [n for n in sim.ledger.nodes.values() if n.type is SPOT and 1800.0 <= n.launched_at_s < 9000.0]
     assert sorted(r.completions.values()) == [1] * 200 and r.spot["cost_usd_by_market"]["on-demand"] > 0
+
+
+# -- broker simulate ----------------------------------------------------------------------------
+SPOT_INVENTORY = """
+aws:
+  billing: hourly
+  types:
+    - {name: c1.xlarge, slots: 1, speed: 20, price: 0.66, limit: 10}
+    - {name: c1.xlarge, market: spot, slots: 1, speed: 20, price: 0.2, limit: 10, interruptions_per_hour: 0.5}
+"""
+
+
+def test_simulate_takes_the_spot_options_and_reports_the_interruptions(tmp_path, capsys):
+    import json
+
+    from broker.cli import main
+
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(SPOT_INVENTORY)
+    args = ["simulate", "--inventory", str(inv), "--workload", "LM", "--tasks", "400", "--deadline", "2h",
+            "--seed", "2"]
+    rc = main(args + ["--spot-loss-at", "20m", "--spot-loss-type", "c1.xlarge@spot", "--json"])
+    obj = json.loads(capsys.readouterr().out)
+    assert rc == 0 and obj["tasks"]["done"] == 400
+    assert obj["spot"]["interruptions"] >= 1 and obj["spot"]["notices"] == obj["spot"]["interruptions"]
+    assert set(obj["spot"]["cost_usd_by_market"]) == {"spot", "on-demand"}
+    rc = main(args + ["--spot-rate", "0"])
+    assert rc == 0 and "spot: 0 interruptions" in capsys.readouterr().out
+    for bad, says in ((["--spot-loss-type", "c1.xlarge"], "is not a spot type"),
+                      (["--spot-notice", "soon"], "--spot-notice"),
+                      (["--max-spot-attempts", "0"], "max_spot_attempts must be >= 1"),
+                      (["--spot-rate", "-1"], "rate_scale")):
+        assert main(args + bad) == 2
+        assert says in capsys.readouterr().err
