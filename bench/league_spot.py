@@ -21,7 +21,8 @@ For each seed, two runs of the same bag through the same controller and simulato
 Case A: 5% interruptions an hour per spot instance (Poisson, two-minute notice).
 Case B: 20% an hour, and a correlated loss: the spot type with the most instances is lost at
 once (every instance of it, notice then termination, and no capacity for it for an hour) at a
-moment drawn uniformly in the first 80% of the deadline.
+moment drawn uniformly in the first 60% of the deadline (spot runs end at 70-95% of it:
+a loss drawn later may come after the run is over, and test nothing).
 
 Goal lines (PASS/MISS with figures): A: the spot run's mean cost at least 40% below the
 on-demand run's; A and B: the deadline met in at least 1 - delta (delta = 0.1: the
@@ -58,6 +59,7 @@ from broker.sim.spot import SpotFaults  # noqa: E402
 SPOT_SHARE = 0.30  # spot price / on-demand price
 CONFIDENCE = 0.9
 MAX_VIRTUAL_S = 60 * 86400.0
+LOSS_WITHIN = 0.6  # the correlated loss comes uniformly in this share of the deadline
 CASES = {"A": 0.05, "B": 0.20}  # interruptions an hour
 
 
@@ -121,7 +123,7 @@ def run(spec: Spec) -> Row:
     faults = SpotFaults()
     loss_at = None
     if spec.case == "B" and spec.market == "spot":
-        loss_at = float(np.random.default_rng(spec.seed + 77).uniform(0.0, 0.8 * spec.deadline_s))
+        loss_at = float(np.random.default_rng(spec.seed + 77).uniform(0.0, LOSS_WITHIN * spec.deadline_s))
         faults = SpotFaults(loss_at_s=loss_at)
     t0 = time.perf_counter()
     try:
@@ -172,13 +174,17 @@ def report(case: str, rows: list[Row], seeds: list[int]) -> list[str]:
     print(f"  on-demand spend in the spot runs (the fallback, and what the plan puts there): mean "
           f"${np.mean(fb):.2f}, max ${max(fb):.2f}; spot spend mean "
           f"${np.mean([b.spot['cost_usd_by_market']['spot'] for b in sp if b.spot]):.2f}")
+    print(f"  makespan with spot: median {np.median([b.makespan_s for b in sp]) / 3600:.2f} h, on-demand only "
+          f"{np.median([a.makespan_s for a in od]) / 3600:.2f} h")
     lines = []
-    fired = bool(ints) and min(ints) > 0
-    lines.append(f"{verdict(fired)} {case}: interruptions fired in every spot run (min {min(ints) if ints else 0})")
+    # Interruptions are a Poisson process: a run with few spot instance-hours may see none.
+    hit = sum(x > 0 for x in ints)
+    lines.append(f"{verdict(hit > 0)} {case}: interruptions fired in {hit}/{len(ints)} spot runs, {sum(ints)} in all")
     if case == "B":
-        losses = [b.faults.get("spot_type_loss", 0) for b in sp if b.faults]
-        lines.append(f"{verdict(min(losses) >= 1)} B: the correlated loss fired in every spot run "
-                     f"({sum(x >= 1 for x in losses)}/{len(losses)})")
+        unfired = [b for b in sp if b.faults and b.faults.get("spot_type_loss", 0) < 1]
+        lines.append(f"{verdict(not unfired)} B: the correlated loss fired in {len(sp) - len(unfired)}/{len(sp)} "
+                     f"spot runs" + "".join(f"; seed {b.spec.seed}: loss at {b.loss_at_s / 3600:.2f} h, run over "
+                                            f"at {b.makespan_s / 3600:.2f} h" for b in unfired))
     if case == "A":
         saving = 1 - c_sp.mean() / c_od.mean()
         lines.append(f"{verdict(saving >= 0.40)} A: cost {saving:.1%} below the on-demand-only runs (goal >= 40%)")
