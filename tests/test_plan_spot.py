@@ -22,7 +22,7 @@ from broker.core.plan import Goal, NoFeasiblePlan, PlanOptions, Work, min_cost, 
 from broker.core.plan.capacity import Catalogue
 from broker.core.plan.spot import at_price_cap, efficiency, expected_task_time_s
 from broker.core.plan.spotplan import (
-    budget_reserve, fallback_at, fallback_triggers, plan_risk, resources, spot_min_cost, spot_min_makespan,
+    budget_reserve, fallback_at, fallback_triggers, launches_spot, plan_risk, resources, spot_min_cost, spot_min_makespan,
     uses_spot,
 )
 
@@ -194,19 +194,24 @@ def simulate_run(plan, catalogue, n_tasks: int, task_s: float, seed: int) -> flo
 
 
 @pytest.mark.slow
-def test_the_makespan_interval_covers_a_simulated_run_with_interruptions():
-    types = [od(limit=10, price=0.17), spot(limit=30, price=0.05, rate=1.0, boot=120.0)]
+@pytest.mark.parametrize("rate", [0.2, 1.0, 3.0])
+def test_the_makespan_interval_covers_a_simulated_run_with_interruptions(rate):
+    # Measured over 400 seeds (rates 0.2, 1, 3 an hour): the 90% quantile held in 96.8%, 95.3%
+    # and 89% of runs, the two-sided 90% interval in 90%, 82% and 86%; the median within 0.6%.
+    types = [od(limit=10, price=0.17), spot(limit=30, price=0.05, rate=rate, boot=120.0)]
     n, task_s = 3000, 300.0
     work = Work(n * task_s, n, task_s, 0.0)
     plan = spot_min_cost(types, [], work, 8 * 3600)
     assert uses_spot(plan, types)
     catalogue = Catalogue.build(types, [], work, (), 0.0, PlanOptions())
     risk = plan_risk(plan, catalogue, work, confidence=0.9)
-    runs = [simulate_run(plan, catalogue, n, task_s, seed) for seed in range(150)]
-    held = np.mean([m <= risk.makespan_hold_s for m in runs])
-    assert held >= 0.9 - 0.05, (held, risk)
-    # and the interval is not hollow: the runs' median lies within 10% of its width of the promise's
-    assert abs(np.median(runs) - risk.makespan_s) <= 0.1 * risk.makespan_s, (np.median(runs), risk)
+    runs = np.array([simulate_run(plan, catalogue, n, task_s, seed) for seed in range(150)])
+    held = np.mean(runs <= risk.makespan_hold_s)
+    assert held >= 0.9 - 0.06, (held, risk)  # 150 seeds: 0.06 is 2.5 standard errors
+    inside = np.mean((runs >= risk.makespan_s_range[0]) & (runs <= risk.makespan_s_range[1]))
+    assert inside >= 0.75, (inside, risk)
+    # and the interval is not hollow: the runs' median is the promise's within 2%
+    assert abs(np.median(runs) / risk.makespan_s - 1) <= 0.02, (np.median(runs), risk)
 
 
 # -- deadline: confidence and fallback ------------------------------------------------------------
@@ -348,3 +353,84 @@ def test_broker_plan_shows_the_market_the_savings_the_fallback_and_the_interval(
     assert all(t["feasible"] for t in spot_doc["triggers"])
     lo, hi = doc["promise"]["makespan_s_range"]
     assert lo <= doc["promise"]["makespan_s"] <= hi
+
+
+def test_a_replan_with_running_spot_and_on_demand_instances_holds_the_deadline_and_the_budget():
+    from broker.core.model import ExistingInstance
+
+    types = [od(limit=30), spot(limit=30, price=0.05, rate=0.2)]
+    work = Work(1500 * 600.0, 1500, 600.0, 200.0)
+    now = 3000.0
+    running = [ExistingInstance(f"s{k}", "c5.xlarge@spot", 0.0, now + 300.0 * (k % 3)) for k in range(6)]
+    running += [ExistingInstance("o1", "c5.xlarge", 0.0, 3600.0), ExistingInstance("o2", "c5.xlarge", now - 60,
+                                                                                     now + 3540.0, now + 30.0)]
+    deadline = 3 * 3600.0
+    plan = plan_for_goal(types, [], work, Goal("deadline", deadline), existing=running, now_s=now)
+    catalogue = Catalogue.build(types, [], work, running, now, PlanOptions())
+    assert {e.instance_id for e in plan.existing} == {e.id for e in running}
+    assert plan_risk(plan, catalogue, work).makespan_hold_s <= deadline
+    assert all(t.feasible for t in fallback_triggers(plan, types, [], work, deadline, catalogue=catalogue,
+                                                     existing=running, now_s=now))
+    capped = at_price_cap(types)
+    catalogue = Catalogue.build(capped, [], work, running, now, PlanOptions())
+    for budget in (8.0, 20.0):
+        # New spot instances only when the plan and its reserve (for the running ones too) fit.
+        plan = plan_for_goal(types, [], work, Goal("budget", budget), existing=running, now_s=now)
+        assert plan.cost_usd <= budget * (1 + 1e-9)
+        if launches_spot(plan, capped):
+            assert plan.cost_usd + budget_reserve(plan, capped, work, catalogue=catalogue) <= budget * (1 + 1e-9)
+        assert launches_spot(plan, capped) == (budget == 20.0)
+
+
+def test_the_front_points_and_theta_plan_mixed_fleets_no_dearer_than_on_demand_alone():
+    from broker.core.plan import plan_front
+    from broker.core.plan.spotplan import on_demand_only
+
+    types = [od(limit=20), spot(limit=20, price=0.05, rate=0.05), od(name="m5.2xlarge", slots=8, price=0.384, limit=5)]
+    work = Work(2000 * 1020.0, 2000, 1020.0, 300.0)
+    front = plan_front(types, [], work)
+    assert any(p.fleet.get("c5.xlarge@spot", 0) for p in front.points)
+    for p in front.points:
+        try:
+            alone = min_cost(on_demand_only(types), [], work, p.makespan_s)
+        except NoFeasiblePlan:
+            continue
+        assert p.cost_usd <= alone.cost_usd + 1e-9
+    for goal in (Goal("theta", 0.5), Goal("point", 1), Goal()):
+        chosen = plan_for_goal(types, [], work, goal, front=front)
+        assert chosen in front.with_cheapest()
+    assert front.cheapest.fleet["c5.xlarge@spot"] > 0
+
+
+def test_broker_run_prints_the_spot_lines_under_its_plan_table(capsys):
+    from types import SimpleNamespace
+
+    from broker.cli.runview import RunConsole
+    from broker.core.model import Inventory
+
+    types = (od(limit=60), spot(limit=60, price=0.051, rate=0.05))
+    work = Work(3000 * 1020.0, 3000, 1020.0, 300.0)
+    plan = plan_for_goal(types, [], work, Goal("deadline", 10 * 3600 - 600), now_s=600.0)
+    console = RunConsole(Inventory(types=types), Goal("deadline", 10 * 3600), 3000, True, False)
+    request = SimpleNamespace(memory=SimpleNamespace(last_plan=plan, last_plan_at_s=600.0))
+    console._spot_lines(SimpleNamespace(work=work), request)
+    out = capsys.readouterr().out
+    assert "below on-demand only" in out and "fallback: if c5.xlarge@spot is lost at" in out
+
+
+def test_a_budget_plan_on_spot_is_never_slower_than_on_demand_alone_within_the_same_budget():
+    # Spot capped at the on-demand price: the reserve leaves spot too little money, and the
+    # plan bought with what is left used to be returned (3h58m where on demand alone took 1h59m).
+    from broker.core.plan.search import min_makespan
+    from broker.core.plan.spotplan import on_demand_only
+
+    thesis = [("m1.small", 1, 0.08), ("c1.medium", 5, 0.165), ("m1.large", 4, 0.32), ("c1.xlarge", 20, 0.66)]
+    work = Work(2000 * 1020.0 + 1.645 * 510.0 * 2000 ** 0.5, 2000, 1020.0, 510.0)
+    for capped in (True, False):
+        types = [od(name=n, slots=1, speed=v, price=p, limit=20, boot=0.0) for n, v, p in thesis]
+        types += [spot(ec2=n, slots=1, speed=v, price=0.3 * p, cap=p if capped else None, limit=20, rate=0.05)
+                  for n, v, p in thesis]
+        for budget in (20.045, 30.0):  # 20.045: on demand alone at the knee of its front (1h59m57s)
+            alone = min_makespan(on_demand_only(types), [], work, budget)
+            plan = plan_for_goal(types, [], work, Goal("budget", budget))
+            assert plan.makespan_s <= alone.makespan_s + PlanOptions().bisect_tol_s, (capped, budget)

@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         reason = reason or pp.warning
     spot = None
     if args.policy != "bats" and chosen is not None:
-        from broker.core.plan.spotplan import spot_summary
+        from broker.core.plan.spotsummary import spot_summary
 
         spot = spot_summary(chosen, types, private, work, goal, confidence=confidence)
     solve_ms = sum(p.solve_ms for p in front) + (chosen.solve_ms if chosen and chosen not in front else 0.0)

@@ -20,7 +20,8 @@ import numpy as np
 from broker.core.plan import Goal, NoFeasiblePlan, Plan, PlanOptions, plan_for_goal
 from broker.core.plan.capacity import Catalogue
 from broker.core.plan.promise import Pending, Promise, RuntimeLaw, forecast, hold_deadline, machines_of_plan
-from broker.core.plan.spotplan import forecast_types, plan_risk, uses_spot, widened
+from broker.core.plan.spotplan import plan_risk, uses_spot
+from broker.core.plan.spotsummary import forecast_types, widened
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,17 @@ lambda (AWS's Spot Instance Advisor buckets are monthly shares; the inventory tu
 rate). An interruption ends every task running on the instance; their work so far is lost (no
 checkpoints) and they run again from the start; the lost slot waits a relaunch: a replacement
 instance, ready b seconds after the interruption. Billing: spot is billed per second, so an
-instance is charged for the time it ran (boot included); on hourly billing AWS does not charge
-the partial hour it interrupted, which only lowers what a plan pays (the figures here are
-upper values there).
+instance is charged for the time it ran (boot included), and a lineage (an instance and its
+replacements) kept L seconds costs exactly price x L. On hourly billing AWS does not charge the
+partial hour it interrupted (on average half a unit per interruption saved), while the
+replacement's units run from its own launch, so its last one, released at its boundary before
+the lineage's planned end, gives back up to a unit of the lineage's time: the plan counts the
+planned units, which a lineage never exceeds (the replacement's paid units end by the
+lineage's last boundary).
 
-**One task on a slot** (restart without checkpoint; e.g. Kulkarni, Nicola and Trivedi, "The
-completion time of a job on multimode systems", Adv. Appl. Prob. 1987): an attempt of length D
+**One task on a slot** (restart without checkpoint, the classical "preemptive-repeat-identical"
+completion time; e.g. Kulkarni, Nicola and Trivedi, "The completion time of a job on multimode
+systems", Adv. Appl. Prob. 1987): an attempt of length D
 survives with probability e^{-lambda D}; a failed attempt lasted E[X | X < D] with X the time
 to the next interruption, then waits b. The number of failed attempts is geometric with mean
 e^{lambda D} - 1, and summing the lost time (ALGORITHMS.md 10: (1 - e^{-lambda D}) / lambda -
@@ -52,7 +57,8 @@ bound) gives eta = 0: the offer cannot count on finishing it and is not used.
 (1 - eta) r L in expectation; the loss comes in lumps, one per interruption, N ~ Poisson(lambda
 n L) interruptions for n lineages. One interruption costs each of its s slots the age A of its
 task plus b (A = U D* with D* the length-biased task, gamma(k + 1, theta), U uniform; its mean
-is (mu^2 + sd^2) / (2 mu)), and the lumps are scaled so that their mean makes the expected
+is (mu^2 + sd^2) / (2 mu)); one A for all s slots, which start together after every boot (the
+lump's largest spread), and the lumps are scaled so that their mean makes the expected
 loss exactly (1 - eta) r / lambda per interruption (restarted tasks are younger than the
 length-biased age; the scale carries that over from (S2)). The loss of the whole plan is the
 sum over its spot lineages: a compound Poisson variable, drawn (``loss_draws``, a seeded
@@ -163,7 +169,7 @@ def loss_draws(exposures: Sequence[tuple[MachineType, float]], work: Work, draws
     """``draws`` samples of the total loss (reference seconds) of spot lineages: ``exposures``
     lists (type, instance-seconds exposed to interruptions). Compound Poisson: per type
     N ~ Poisson(lambda x exposure) interruptions, each a lump with the mean of
-    :func:`loss_per_interruption_ref_s` and the spread of s slots' ages plus a boot."""
+    :func:`loss_per_interruption_ref_s` and the spread of a task's age plus a boot."""
     rng = np.random.default_rng(seed)
     total = np.zeros(draws)
     for t, exposure_s in exposures:
@@ -176,17 +182,17 @@ def loss_draws(exposures: Sequence[tuple[MachineType, float]], work: Work, draws
         if n == 0:
             continue
         mean_s, sd_s = work.mean_ref_s / t.speed, work.sd_ref_s / t.speed
-        slots = max(1, t.slots)
         if mean_s <= 0:
             shape = np.ones(n)
         else:
+            # One age for all the instance's slots: they start together after every boot (equal
+            # tasks stay in step), the upper end of the lump's spread.
             if sd_s > 0:
                 k, theta = _gamma_shape_scale(mean_s, sd_s)
-                biased = rng.gamma(k + 1.0, theta, size=(n, slots))
+                biased = rng.gamma(k + 1.0, theta, size=n)
             else:
-                biased = np.full((n, slots), mean_s)
-            ages = rng.random((n, slots)) * biased + t.boot_s
-            shape = ages.mean(axis=1) / (mean_age_s(mean_s, sd_s) + t.boot_s)
+                biased = np.full(n, mean_s)
+            shape = (rng.random(n) * biased + t.boot_s) / (mean_age_s(mean_s, sd_s) + t.boot_s)
         owner = np.repeat(np.arange(draws), counts)
         total += np.bincount(owner, weights=shape * mean_lump, minlength=draws)
     return total

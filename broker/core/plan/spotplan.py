@@ -13,7 +13,14 @@ instance-seconds each spot group is exposed, up to the planned makespan). A draw
 exceeds what the plan's paid time can absorb runs on: the controller extends the fleet, at
 its full raw rate, from the moment the plan's capacity runs out, and pays the extra time (each
 group by its billing). The interval is the draws' delta/2 and 1 - delta/2 quantiles; the
-deadline test reads the one-sided 1 - delta quantile.
+deadline test reads the one-sided 1 - delta quantile. Two corrections to the fluid view, both
+measured against a task-level simulation (``tests/test_plan_spot.py``): a loss above its mean
+lengthens the run and so the exposure of the spot instances still working at its end (a
+deviation d becomes d / (1 - f), f their expected loss per second over the fleet's rate); and
+the end of the bag: an interruption x ~ Exp(Lambda) before the fluid end restarts a task of
+length D on an idle slot, ending (D - x)^+ later (``last_task_delay``). The ramps start after
+the boot and the allowance's half task; the gap phi is the plan's margin, not part of the
+distribution.
 
 **Deadline at confidence 1 - delta** (``spot_min_cost``): the cheapest plan by the deadline at
 the effective rates (``min_cost``) is accepted when (a) its makespan's 1 - delta quantile
@@ -30,19 +37,22 @@ instance's last stretch as slack for the fallback; the on-demand-only plan for t
 the last resort, and it wins whenever it is expected to be cheaper.
 
 **Budget** (``spot_min_makespan``): the plan is the fastest whose cost, spot counted at its
-price cap (``spot.at_price_cap``), *plus a reserve*, fits the budget. The reserve is the
-largest over the spot types i used of R_i, the cheapest cost of doing type i's whole planned
-work again (its effective capacity C_i plus its running tasks, a long task each) on the other
-types (spot at their cap; no private node, no survivor: they do their own share): an upper
-bound on what losing type i at any moment t costs beyond what the plan has paid by t, because
-the work left of type i at t is at most C_i plus its running tasks and doing more work never
-costs less (``min_cost`` is monotone in the work). Interruptions by themselves add no money on
+price cap (``spot.at_price_cap``), *plus a reserve*, fits the budget (a plan that launches no
+new spot instance needs none: spot instances already running are there whatever it does, and
+the controller's budget rules stop a run before it overspends). The reserve is the
+largest over the spot types i used of R_i, the cost of doing type i's whole planned work again
+(its effective capacity C_i plus its running tasks, a long task each) on the other types (spot
+at their cap; no private node, no survivor: they do their own share), bounded from above by
+one instance of the type that does it for least, kept until done (``redo_usd``; no solve): an
+upper bound on what losing type i at any moment t costs beyond what the plan has paid by t,
+because the work left of type i at t is at most C_i plus its running tasks and doing more work
+never costs less (``min_cost`` is monotone in the work). Interruptions by themselves add no money on
 per-second billing (a lineage is paid for the time it is kept, whatever ran on it) but may
 leave work undone: the reserve also holds the 1 - delta quantile of the cost of running on
 (``plan_risk``). The reserve is found by fixed point: solve with the budget less the reserve,
 recompute it, until plan + reserve fits (``MAX_TRIES``); else the on-demand-only plan.
 
-**What the controller and the forecast read** (``spot_summary``): the expected cost and its
+**What the controller and the forecast read** (``spotsummary.spot_summary``): the expected cost and its
 saving against the on-demand-only plan (for the deadline; for other goals the on-demand-only
 plan finishing as soon), the fallback's worst extra cost and its triggers, the worst case a
 budget must hold (plan at the caps + reserve) and the makespan/cost interval.
@@ -59,10 +69,10 @@ import numpy as np
 
 from ..units import format_duration
 from ..model import ExistingInstance, MachineType, PrivateNode
-from .capacity import Catalogue, Ramp
-from .mincost import assemble, choice_of, min_cost
+from .capacity import WORK_RTOL, Catalogue, Ramp, planning_quantum_s
+from .mincost import min_cost
 from .search import min_makespan
-from .spot import at_price_cap, efficiency, loss_draws
+from .spot import at_price_cap, efficiency, loss_draws, loss_per_interruption_ref_s, rate_per_s
 from .types import NoFeasiblePlan, Plan, PlanOptions, Work
 
 MAX_TRIES = 6
@@ -74,6 +84,11 @@ LATE_MARGIN_S = 60.0
 def uses_spot(plan: Plan, types: Sequence[MachineType]) -> bool:
     spot = {t.name for t in types if t.is_spot}
     return any(count > 0 and name in spot for name, count in plan.fleet.items())
+
+
+def launches_spot(plan: Plan, types: Sequence[MachineType]) -> bool:
+    spot = {t.name for t in types if t.is_spot}
+    return any(g.count > 0 and g.type_name in spot for g in plan.new)
 
 
 def on_demand_only(types: Sequence[MachineType]) -> tuple[MachineType, ...]:
@@ -93,6 +108,7 @@ class Resource:
     eff_rate_per_s: float
     price_per_hour: float
     instance: ExistingInstance | None = None  # a running instance (None: launched by the plan)
+    speed: float = 1.0
 
     def more_usd(self, from_s: float, until_s: float) -> float:
         """What running it again from ``from_s`` (or its end, if later) until ``until_s`` costs
@@ -111,17 +127,17 @@ def resources(plan: Plan, catalogue: Catalogue) -> list[Resource]:
     for g in plan.new:
         o = offers[g.type_name]
         out.append(Resource(o.type, g.count, o.start_s, g.quanta * o.quantum_s, o.type.capacity_per_s,
-                            o.rate_per_s, o.type.price_per_hour))
+                            o.rate_per_s, o.type.price_per_hour, None, o.type.speed))
     extra = {e.instance_id: e.extra_quanta for e in plan.existing}
     for old in catalogue.existing:
         end = old.paid_s + extra.get(old.instance.id, 0) * old.quantum_s
         out.append(Resource(old.type, 1, old.start_s, end, old.type.capacity_per_s, old.rate_per_s,
-                            old.type.price_per_hour, old.instance))
+                            old.type.price_per_hour, old.instance, old.type.speed))
     for p in catalogue.private:
         busy = plan.private_share.get(p.node.name, 0.0) * plan.horizon_s
         if busy > 0:
             out.append(Resource(None, 1, p.start_s, p.start_s + busy, p.rate_per_s, p.rate_per_s,
-                                p.node.cost_per_hour))
+                                p.node.cost_per_hour, None, p.node.speed))
     return out
 
 
@@ -157,6 +173,28 @@ def _ran_out_s(points: np.ndarray, caps: np.ndarray) -> float:
     return float(points[int(np.searchsorted(caps, caps[-1], side="left"))]) if len(points) else 0.0
 
 
+def last_task_delay(res: Sequence[Resource], work: Work, makespan: np.ndarray, ran_out_s: float,
+                    rng: np.random.Generator) -> np.ndarray:
+    """The end of the bag: an interruption x seconds before the fluid end M restarts a task of
+    length D there (on a slot idle by then: no boot), which ends at M - x + D. Interruptions of
+    the spot instances still working at M arrive at the summed rate Lambda, so x ~ Exp(Lambda)
+    back from M and the delay is (D - x)^+ (D the type's task, gamma)."""
+    delay = np.zeros_like(makespan)
+    for r in res:
+        if r.type is None or not r.type.is_spot or r.count <= 0 or work.mean_ref_s <= 0:
+            continue
+        lam = r.type.interruptions_per_hour / 3600.0 * r.count
+        alive = (r.end_s >= makespan) | (makespan > ran_out_s)  # working at the end (or running on)
+        if lam <= 0 or not alive.any():
+            continue
+        x = rng.exponential(1.0 / lam, size=makespan.shape)
+        mean_s, sd_s = work.mean_ref_s / r.type.speed, work.sd_ref_s / r.type.speed
+        d = (rng.gamma(mean_s ** 2 / sd_s ** 2, sd_s ** 2 / mean_s, size=makespan.shape) if sd_s > 0
+             else np.full(makespan.shape, mean_s))
+        delay = np.maximum(delay, np.where(alive, np.maximum(0.0, d - x), 0.0))
+    return delay
+
+
 @dataclass(frozen=True)
 class SpotRisk:
     """The makespan and cost of a plan under interruptions (seconds from now, USD from now)."""
@@ -171,17 +209,33 @@ class SpotRisk:
     interruptions: float  # expected count
 
 
+def _phi_s(speed: float, work: Work, options: PlanOptions) -> float:
+    """The gap phi of the allowance g (``PlanOptions.allowance_s`` without its half task)."""
+    return options.allowance_s(speed, work.mean_ref_s, work.sd_ref_s) - options.tail_task_fraction * work.mean_ref_s / speed
+
+
 def plan_risk(plan: Plan, catalogue: Catalogue, work: Work, *, confidence: float = 0.9,
-              draws: int = DRAWS, seed: int = 0) -> SpotRisk:
+              draws: int = DRAWS, seed: int = 0, options: PlanOptions = PlanOptions()) -> SpotRisk:
     """The distribution of ``plan``'s makespan and cost under the interruption model."""
     res = resources(plan, catalogue)
-    ramps = [Ramp(r.raw_rate_per_s * r.count, r.start_s, r.end_s) for r in res]
+    # A ramp starts after its boot and the end-of-bag half task the allowance counts; its
+    # safety gap phi (a margin of the plan, not a loss) is left out of the distribution.
+    ramps = [Ramp(r.raw_rate_per_s * r.count, r.start_s - _phi_s(r.speed, work, options), r.end_s) for r in res]
     exposures = [(r.type, r.count * max(0.0, min(r.end_s, plan.makespan_s)))
                  for r in res if r.type is not None and r.type.is_spot]
     loss = loss_draws(exposures, work, draws, seed)
     points, caps = _curve(ramps)
     run_on = sum(r.raw_rate_per_s * r.count for r in res)
+    # Feedback: a loss above its mean lengthens the run, which the spot instances still working
+    # at its end are exposed to longer, and so on: each reference second lost adds f more,
+    # f = sum of their (lambda x mean lump) over the fleet's rate; a deviation d becomes
+    # d / (1 - f) (linearized; f is capped at 0.9).
+    f = sum(r.count * rate_per_s(r.type) * loss_per_interruption_ref_s(r.type, work)
+            for r in res if r.type is not None and r.type.is_spot and r.end_s >= plan.makespan_s)
+    f = min(0.9, f / max(run_on, 1e-12))
+    loss = loss.mean() + (loss - loss.mean()) / (1.0 - f)
     makespan = _time_to(points, caps, work.total_ref_s + loss, run_on)
+    makespan += last_task_delay(res, work, makespan, _ran_out_s(points, caps), np.random.default_rng(seed + 1))
     cost = np.full(draws, plan.cost_usd)
     ran_out = _ran_out_s(points, caps)
     for k in np.flatnonzero(work.total_ref_s + loss > caps[-1]):
@@ -237,8 +291,10 @@ def _survivors(res: Sequence[Resource], lost: str, at_s: float, now_s: float) ->
 def fallback_at(plan: Plan, types: Sequence[MachineType], private: Sequence[PrivateNode], work: Work,
                 deadline_s: float, lost: str, at_s: float, *, catalogue: Catalogue,
                 existing: Sequence[ExistingInstance] = (), now_s: float = 0.0,
-                options: PlanOptions = PlanOptions()) -> Trigger:
-    """The on-demand recovery if spot type ``lost`` (every instance of it) is lost at ``at_s``."""
+                options: PlanOptions = PlanOptions(), priced: bool = True) -> Trigger:
+    """The on-demand recovery if spot type ``lost`` (every instance of it) is lost at ``at_s``;
+    ``priced`` False: only whether there is one (no solve: the survivors and every on-demand
+    type at its limit can do the work left by the deadline)."""
     res = resources(plan, catalogue)
     done = sum(Ramp(r.eff_rate_per_s * r.count, r.start_s, r.end_s).capacity(at_s) for r in res)
     lost_res = [r for r in res if r.type is not None and r.type.name == lost and r.end_s > at_s]
@@ -253,6 +309,10 @@ def fallback_at(plan: Plan, types: Sequence[MachineType], private: Sequence[Priv
     rest = Work(left, max(1, math.ceil(left / max(work.mean_ref_s, 1e-9))), work.mean_ref_s, work.sd_ref_s)
     survivors = _survivors(res, lost, at_s, now_s)
     od = [dataclasses.replace(t, limit=0) if t.is_spot else t for t in types]
+    if not priced:
+        room = Catalogue.build(od, private, rest, survivors, now_s + at_s, options)
+        ok = room.max_capacity_ref_s(deadline_s - at_s) >= left * (1 - WORK_RTOL)
+        return Trigger(lost, at_s, {}, 0.0 if ok else math.inf, ok)
     try:
         rec = min_cost(od, private, rest, max(1e-3, deadline_s - at_s), existing=survivors, now_s=now_s + at_s,
                        options=options)
@@ -266,17 +326,24 @@ def fallback_at(plan: Plan, types: Sequence[MachineType], private: Sequence[Priv
 
 def fallback_triggers(plan: Plan, types: Sequence[MachineType], private: Sequence[PrivateNode], work: Work,
                       deadline_s: float, *, catalogue: Catalogue, existing: Sequence[ExistingInstance] = (),
-                      now_s: float = 0.0, options: PlanOptions = PlanOptions()) -> list[Trigger]:
+                      now_s: float = 0.0, options: PlanOptions = PlanOptions(), priced: bool = True
+                      ) -> list[Trigger]:
     """Per spot type used, the worst point of the grid (an infeasible one first, else the
-    dearest recovery)."""
+    dearest recovery; ``priced`` False: the first point that cannot be recovered, else any)."""
     res = resources(plan, catalogue)
     out = []
     for name in sorted({r.type.name for r in res if r.type is not None and r.type.is_spot}):
         end = min(deadline_s, max(r.end_s for r in res if r.type is not None and r.type.name == name))
         grid = sorted({0.0, end / 3.0, 2.0 * end / 3.0, max(0.0, end - LATE_MARGIN_S)})
-        found = [fallback_at(plan, types, private, work, deadline_s, name, t, catalogue=catalogue,
-                             existing=existing, now_s=now_s, options=options) for t in grid]
+        found = []
+        for t in sorted(grid, reverse=not priced):  # late points fail first
+            found.append(fallback_at(plan, types, private, work, deadline_s, name, t, catalogue=catalogue,
+                                     existing=existing, now_s=now_s, options=options, priced=priced))
+            if not found[-1].feasible and not priced:
+                break
         out.append(max(found, key=lambda tr: (not tr.feasible, tr.extra_usd, tr.by_s)))
+        if not out[-1].feasible and not priced:
+            break
     return out
 
 
@@ -307,7 +374,7 @@ def spot_min_cost(types: Sequence[MachineType], private: Sequence[PrivateNode], 
         overrun = risk.makespan_hold_s - deadline_s
         triggers = [] if overrun > 0 else fallback_triggers(plan, types, private, work, deadline_s,
                                                             catalogue=catalogue, existing=existing, now_s=now_s,
-                                                            options=options)
+                                                            options=options, priced=False)
         if overrun <= 0 and all(tr.feasible for tr in triggers):
             if od_plan is not None and od_plan.cost_usd <= risk.cost_usd:
                 return od_plan
@@ -328,10 +395,26 @@ def spot_min_cost(types: Sequence[MachineType], private: Sequence[PrivateNode], 
         "interruptions, and no on-demand plan meets it")
 
 
+def redo_usd(types: Sequence[MachineType], work: Work, options: PlanOptions = PlanOptions()) -> float:
+    """An upper bound on the cheapest plan for ``work`` on ``types`` (no private node, no
+    deadline): one instance of the type that does it for least, kept until it is done (spot at
+    its effective rate): the cheapest plan is at most that. +inf with no type to run on."""
+    best = math.inf
+    for t in types:
+        rate = t.capacity_per_s * (efficiency(t, work) if t.is_spot else 1.0)
+        if t.limit <= 0 or rate <= 0:
+            continue
+        start = t.boot_s + options.allowance_s(t.speed, work.mean_ref_s, work.sd_ref_s)
+        q = planning_quantum_s(t.billing, options)
+        quanta = max(1, math.ceil((work.total_ref_s / rate + start) / q - 1e-9))
+        best = min(best, t.billing.cost_usd(quanta * q, t.price_per_hour))
+    return best
+
+
 def budget_reserve(plan: Plan, types: Sequence[MachineType], work: Work, *, catalogue: Catalogue,
                    options: PlanOptions = PlanOptions(), confidence: float = 0.9) -> float:
     """The money a budget keeps back for ``plan`` (module docstring): the dearest whole-type
-    loss R_i plus the 1 - delta quantile of the cost of running on."""
+    loss R_i (bounded by ``redo_usd``) plus the 1 - delta quantile of the cost of running on."""
     res = resources(plan, catalogue)
     worst = 0.0
     for name in sorted({r.type.name for r in res if r.type is not None and r.type.is_spot}):
@@ -341,12 +424,9 @@ def budget_reserve(plan: Plan, types: Sequence[MachineType], work: Work, *, cata
         again += _in_progress_ref_s(t, sum(r.count for r in mine), work)
         others = [dataclasses.replace(o, limit=0) if o.name == name else o for o in types]
         redo = Work(again, max(1, math.ceil(again / max(work.mean_ref_s, 1e-9))), work.mean_ref_s, work.sd_ref_s)
-        try:
-            # The cheapest plan: at a deadline past every saturation horizon.
-            cheapest = min_cost(others, (), redo, 1e9, options=options)
-        except NoFeasiblePlan:
-            return math.inf
-        worst = max(worst, cheapest.cost_usd)
+        worst = max(worst, redo_usd(others, redo, options))
+        if math.isinf(worst):
+            return worst
     risk = plan_risk(plan, catalogue, work, confidence=confidence)
     return worst + max(0.0, risk.cost_hold_usd - plan.cost_usd)
 
@@ -357,6 +437,8 @@ def spot_min_makespan(types: Sequence[MachineType], private: Sequence[PrivateNod
                       hint_s: float | None = None) -> Plan:
     """The fastest plan whose cost at the spot caps plus its reserve fits ``budget_usd``."""
     capped = at_price_cap(types)
+    od_types = on_demand_only(capped)
+    od_plan: Plan | NoFeasiblePlan | None = None  # solved once spot first fails to fit
     reserve = 0.0
     for _ in range(MAX_TRIES):
         if reserve > budget_usd:
@@ -366,157 +448,32 @@ def spot_min_makespan(types: Sequence[MachineType], private: Sequence[PrivateNod
                                 options=options, hint_s=hint_s)
         except NoFeasiblePlan:
             break
-        if not uses_spot(plan, capped):
-            return plan
+        if not launches_spot(plan, capped):
+            if reserve <= 0:
+                return plan  # running spot instances are there whatever the plan does
+            break  # bought without spot on the money the reserve left: on demand with the whole budget
+        if isinstance(od_plan, Plan) and plan.makespan_s >= od_plan.makespan_s:
+            return od_plan  # what the reserve leaves for spot is no faster than on demand alone
         catalogue = Catalogue.build(capped, private, work, existing, now_s, options)
         need = budget_reserve(plan, capped, work, catalogue=catalogue, options=options, confidence=confidence)
         if plan.cost_usd + need <= budget_usd * (1 + 1e-9):
             return plan
+        if od_plan is None:
+            try:
+                od_plan = min_makespan(od_types, private, work, budget_usd, existing=existing, now_s=now_s,
+                                       options=options, hint_s=hint_s)
+            except NoFeasiblePlan as exc:
+                od_plan = exc
         reserve = max(need, reserve + 0.02 * budget_usd)
+    if isinstance(od_plan, Plan):
+        return od_plan
     try:
-        return min_makespan(on_demand_only(capped), private, work, budget_usd, existing=existing, now_s=now_s,
+        if isinstance(od_plan, NoFeasiblePlan):
+            raise od_plan
+        return min_makespan(od_types, private, work, budget_usd, existing=existing, now_s=now_s,
                             options=options, hint_s=hint_s)
     except NoFeasiblePlan as exc:
         raise NoFeasiblePlan(
             f"no plan fits the budget of ${budget_usd:,.2f} whatever happens on spot (spot counted at its price "
             "cap, max_price, and money kept back to redo a whole spot type's work on the others), nor on "
             f"on-demand alone: {exc}", cheapest=lambda: exc.cheapest, fastest=exc.fastest) from None
-
-
-# -- what the plan table, the controller and the forecast read ----------------------------------
-
-
-@dataclass(frozen=True)
-class SpotSummary:
-    """A mixed plan's figures (module docstring). Costs from now, at the expected spot prices
-    unless said; ``worst_case_usd`` at the caps for a budget."""
-
-    confidence: float
-    expected_cost_usd: float
-    on_demand_cost_usd: float | None  # the on-demand-only plan (None: none meets the goal)
-    on_demand_makespan_s: float | None
-    fallback_usd: float  # the dearest whole-type loss beyond the plan (inf: not recoverable)
-    worst_case_usd: float
-    risk: SpotRisk
-    triggers: tuple[Trigger, ...]
-    spot_instances: int
-    budget_usd: float | None = None  # a budget goal's: fallback_usd is then its reserve
-
-    @property
-    def savings_usd(self) -> float | None:
-        return None if self.on_demand_cost_usd is None else self.on_demand_cost_usd - self.expected_cost_usd
-
-    @property
-    def savings_share(self) -> float | None:
-        if self.on_demand_cost_usd is None or self.on_demand_cost_usd <= 0:
-            return None
-        return self.savings_usd / self.on_demand_cost_usd
-
-    def to_json(self) -> dict[str, object]:
-        def num(x, digits=4):
-            return None if x is None or not math.isfinite(x) else round(float(x), digits)
-
-        r = self.risk
-        return {
-            "confidence": self.confidence, "spot_instances": self.spot_instances,
-            "expected_cost_usd": num(self.expected_cost_usd),
-            "on_demand_cost_usd": num(self.on_demand_cost_usd), "on_demand_makespan_s": num(self.on_demand_makespan_s, 1),
-            "savings_usd": num(self.savings_usd), "savings_share": num(self.savings_share),
-            "fallback_usd": num(self.fallback_usd), "worst_case_usd": num(self.worst_case_usd),
-            "interruptions": num(r.interruptions, 2),
-            "makespan_s": num(r.makespan_s, 1), "makespan_s_range": [num(r.makespan_s_range[0], 1),
-                                                                     num(r.makespan_s_range[1], 1)],
-            "cost_usd_range": [num(r.cost_usd_range[0]), num(r.cost_usd_range[1])],
-            "triggers": [t.to_json() for t in self.triggers], "budget_usd": self.budget_usd,
-        }
-
-    def lines(self) -> list[str]:
-        """What ``broker plan`` prints under its table."""
-        r, pct = self.risk, f"{100 * self.confidence:g}%"
-        head = (f"spot: {self.spot_instances} spot instances, ~{r.interruptions:.1f} interruptions expected; "
-                f"expected cost ${self.expected_cost_usd:,.2f}")
-        if self.on_demand_cost_usd is not None:
-            head += (f", {100 * (self.savings_share or 0.0):.0f}% (${self.savings_usd:,.2f}) below on-demand only "
-                     f"(${self.on_demand_cost_usd:,.2f}, {format_duration(self.on_demand_makespan_s or 0.0)})")
-        else:
-            head += ("; no on-demand-only plan meets the deadline" if self.triggers
-                     else "; no on-demand-only plan is as fast")
-        out = [head, f"  under interruptions: done in {format_duration(r.makespan_s)} ({pct}: "
-                     f"{format_duration(r.makespan_s_range[0])}-{format_duration(r.makespan_s_range[1])}), "
-                     f"${r.cost_usd_range[0]:,.2f}-${r.cost_usd_range[1]:,.2f}"]
-        for t in self.triggers:
-            if not t.feasible:
-                out.append(f"  fallback: nothing on demand can finish in time if {t.lost} is lost at "
-                           f"{format_duration(t.by_s)}")
-            elif t.launch:
-                what = ", ".join(f"{n} x {name}" for name, n in t.launch.items())
-                out.append(f"  fallback: if {t.lost} is lost at {format_duration(t.by_s)}, launch {what} "
-                           f"(+${t.extra_usd:,.2f})")
-        if self.budget_usd is not None:
-            out.append(f"  reserve ${self.fallback_usd:,.2f} for a whole spot type lost and for running on; "
-                       f"worst case ${self.worst_case_usd:,.2f} (spot at its price cap) within the budget of "
-                       f"${self.budget_usd:,.2f}")
-        elif not self.triggers and math.isfinite(self.fallback_usd):
-            out.append(f"  a whole spot type lost, and running on, cost up to ${self.fallback_usd:,.2f} more: worst case "
-                       f"${self.worst_case_usd:,.2f}")
-        elif math.isfinite(self.worst_case_usd):
-            out.append(f"  worst case (a whole spot type lost, spot at its price cap): ${self.worst_case_usd:,.2f}")
-        return out
-
-
-def spot_summary(plan: Plan, types: Sequence[MachineType], private: Sequence[PrivateNode], work: Work, goal, *,
-                 existing: Sequence[ExistingInstance] = (), now_s: float = 0.0,
-                 options: PlanOptions = PlanOptions(), confidence: float = 0.9) -> SpotSummary | None:
-    """The figures of ``plan`` (None when it rents no spot instance). ``goal`` is a
-    :class:`broker.core.goal.Goal` or None; a budget's plan is priced at the caps."""
-    kind = getattr(goal, "kind", None)
-    kind = getattr(kind, "value", kind)
-    budget = kind == "budget"
-    priced = at_price_cap(types) if budget else tuple(types)
-    if not uses_spot(plan, priced):
-        return None
-    expected_cat = Catalogue.build(types, private, work, existing, now_s, options)
-    choice = choice_of(expected_cat, plan)
-    choice.busy_s = {n: s * plan.horizon_s for n, s in plan.private_share.items()}
-    expected_plan = assemble(expected_cat, work, plan.horizon_s, choice, plan.status, plan.solve_ms)
-    risk = plan_risk(expected_plan, expected_cat, work, confidence=confidence)
-    deadline = float(goal.value) if kind == "deadline" else max(plan.horizon_s, risk.makespan_hold_s)
-    od_at = deadline if kind == "deadline" else plan.makespan_s
-    try:
-        od = min_cost(on_demand_only(types), private, work, od_at, existing=existing, now_s=now_s, options=options)
-    except NoFeasiblePlan:
-        od = None
-    priced_cat = Catalogue.build(priced, private, work, existing, now_s, options)
-    if kind != "deadline":  # no deadline to recover by: what recovering costs
-        triggers: list[Trigger] = []
-        fallback = budget_reserve(plan, priced, work, catalogue=priced_cat, options=options, confidence=confidence)
-        worst = plan.cost_usd + fallback
-    else:
-        triggers = fallback_triggers(plan, priced, private, work, deadline, catalogue=priced_cat, existing=existing,
-                                     now_s=now_s, options=options)
-        fallback = max((t.extra_usd for t in triggers), default=0.0)
-        worst = risk.cost_hold_usd + fallback
-    spot_names = {t.name for t in types if t.is_spot}
-    return SpotSummary(confidence, risk.cost_usd, None if od is None else od.cost_usd,
-                       None if od is None else od.makespan_s, fallback, worst, risk, tuple(triggers),
-                       sum(n for name, n in plan.fleet.items() if name in spot_names),
-                       float(goal.value) if budget else None)
-
-
-def forecast_types(types: Sequence[MachineType], work: Work) -> tuple[MachineType, ...]:
-    """The types as a forecast that knows nothing of interruptions should see them: a spot
-    offer's slots at its effective speed eta v (for ``promise.machines_of_plan``; never plan
-    with these, ``Catalogue.build`` would count eta twice)."""
-    return tuple(dataclasses.replace(t, speed=t.speed * max(efficiency(t, work), 1e-9)) if t.is_spot else t
-                 for t in types)
-
-
-def widened(point: float, interval: tuple[float, float] | None, risk_mid: float,
-            risk_interval: tuple[float, float]) -> tuple[float, float] | None:
-    """An interval around ``point`` whose half-widths combine a forecast's (the work's
-    uncertainty) with the interruptions' (independent: root of the summed squares)."""
-    if interval is None:
-        return None
-    lo, hi = interval
-    return (point - math.hypot(point - lo, risk_mid - risk_interval[0]),
-            point + math.hypot(hi - point, risk_interval[1] - risk_mid))
