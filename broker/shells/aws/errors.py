@@ -28,6 +28,8 @@ _CODES: dict[str, LaunchErrorKind] = {
     "InsufficientInstanceCapacity": LaunchErrorKind.CAPACITY,
     "InsufficientHostCapacity": LaunchErrorKind.CAPACITY,
     "InsufficientCapacity": LaunchErrorKind.CAPACITY,
+    # spot: no capacity at the price asked (a cap below the spot price) is capacity too
+    "SpotMaxPriceTooLow": LaunchErrorKind.CAPACITY,
     # account quotas
     "InstanceLimitExceeded": LaunchErrorKind.LIMIT,
     "VcpuLimitExceeded": LaunchErrorKind.LIMIT,
