@@ -85,8 +85,13 @@ def test_an_instance_ec2_took_back_is_told_from_one_we_terminated() -> None:
 
 
 def test_spot_capacity_errors_cool_the_type_down_like_capacity_errors() -> None:
-    for code in ("InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded"):
+    from broker.core.control.failures import AVOID_KINDS
+
+    for code in ("InsufficientInstanceCapacity", "SpotMaxPriceTooLow"):
         assert kind_of_code(code) is LaunchErrorKind.CAPACITY, code
+    assert kind_of_code("MaxSpotInstanceCountExceeded") is LaunchErrorKind.LIMIT  # the spot quota
+    for code in ("InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded"):
+        assert kind_of_code(code).value in AVOID_KINDS, code  # the type cools down either way
 
 
 def test_the_iam_policy_names_ec2_types_and_lets_run_instances_make_spot_requests() -> None:

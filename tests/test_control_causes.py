@@ -22,10 +22,11 @@ STORED = {
     Policy: {"broker", "list", "rr", "firstfit", "1vm4all", "bats", "autoscale-idle", "adaptive", "batch", "static",
              "panda"},
     GoalKind: {"deadline", "budget", "point", "theta", "none"},
-    WorkCause: {"sampling", "dispatch", "nothing_fits_anywhere", "tail_replication", "private_budget_spent"},
+    WorkCause: {"sampling", "dispatch", "nothing_fits_anywhere", "tail_replication", "private_budget_spent",
+                "spot_notice", "spot_interrupted"},
     TaskState: {"pending", "sampling", "running", "done", "failed", "quarantined", "cancelled", "dropped"},
-    AttemptOutcome: {"running", "ok", "failed", "timed_out", "lost", "cancelled"},
-    Ending: {"done", "replica", "failed", "lost", "cancelled", "stale"},
+    AttemptOutcome: {"running", "ok", "failed", "timed_out", "lost", "cancelled", "interrupted"},
+    Ending: {"done", "replica", "failed", "lost", "cancelled", "interrupted", "stale"},
 }
 EMITTED_BY_CONTROLLER = {
     Launch: LaunchCause, ScheduleRelease: ReleaseCause, Assign: WorkCause, Replicate: WorkCause,

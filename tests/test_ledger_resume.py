@@ -114,3 +114,10 @@ def test_instance_rows_come_back_with_their_cost_and_their_release_rule():
     assert resume_release(led, "i-0", None, 5000.0, 120.0) is None
     assert resume_release(led, "i-3", 9000.0, 5000.0, 120.0, interrupted=True) == ScheduleRelease(
         "i-3", 5000.0, "interrupted_release")
+
+
+def test_interrupted_attempt_rows_count_towards_max_spot_attempts_not_failures():
+    rows = [attempt("a", n, node="i-1", outcome="interrupted", runtime=None, code=None, end=10.0 * n) for n in (1, 2)]
+    led, _ = rebuild([task("a", attempts=2)], rows)
+    assert led.interruptions == {"a": 2} and led.spot_barred == {"a"} and led.book.failures == {}
+    assert led.book.losses == {} and "a" in led.pool

@@ -60,6 +60,13 @@ class Billing:
         started = self.unit_s * math.ceil(elapsed_s / self.unit_s - _BOUNDARY_EPS_S / self.unit_s)
         return max(self.minimum_s, started, self.unit_s)
 
+    def interrupted_billed_s(self, elapsed_s: float) -> float:
+        """Seconds charged for an instance EC2 interrupted (spot) after ``elapsed_s``: only
+        what ran, the unit it interrupted free (per-second billing: the seconds run, no
+        minimum; hourly: the whole hours before the interruption)."""
+        elapsed_s = max(0.0, elapsed_s)
+        return self.unit_s * math.floor(elapsed_s / self.unit_s + _BOUNDARY_EPS_S / self.unit_s)
+
     def paid_until(self, launched_at_s: float, now_s: float) -> float:
         """The moment up to which the instance is already paid for."""
         return launched_at_s + self.billed_s(now_s - launched_at_s)

@@ -88,6 +88,7 @@ class ReleaseCause(StrEnum):
     RESUMED = "resumed"  # a resumed run's timer, as journaled or at paid-until minus the margin
     RESUMED_PAST_RELEASE = "resumed_past_release"
     INTERRUPTED_RELEASE = "interrupted_release"  # the dead daemon was terminating it
+    SPOT_INTERRUPTED = "spot_interrupted"  # EC2 took a spot instance back (ledger/spot.py)
     # a shell's: an instance the journal had, gone from EC2 when the run resumed
     GONE_ON_RESUME = "gone_on_resume"
 
@@ -100,6 +101,9 @@ class WorkCause(StrEnum):
     NOTHING_FITS_ANYWHERE = "nothing_fits_anywhere"
     TAIL_REPLICATION = "tail_replication"
     PRIVATE_BUDGET_SPENT = "private_budget_spent"  # Cancel: the budget pays no more private time
+    # Cancel and Requeue causes of the ledger's spot rules (ledger/spot.py): not failures
+    SPOT_NOTICE = "spot_notice"  # it cannot end before the two-minute notice runs out
+    SPOT_INTERRUPTED = "spot_interrupted"  # it was still running when EC2 took the instance
 
 
 class TaskState(StrEnum):
@@ -128,6 +132,7 @@ class AttemptOutcome(StrEnum):
     TIMED_OUT = "timed_out"
     LOST = "lost"  # vanished with its agent or node
     CANCELLED = "cancelled"  # stopped by the broker (a replica that lost the race, a re-queue)
+    INTERRUPTED = "interrupted"  # its spot instance was taken back (or was about to be): no failure
 
 
 # Attempt outcomes that count as a failure of the task.
@@ -142,4 +147,5 @@ class Ending(StrEnum):
     FAILED = "failed"  # counted by the failure rules
     LOST = "lost"  # vanished with its agent or node: a failure without a signature
     CANCELLED = "cancelled"  # no failure: re-queued
+    INTERRUPTED = "interrupted"  # its spot instance was taken back: no failure, re-queued
     STALE = "stale"  # no such attempt runs (a replay, a written-off copy): nothing changed

@@ -149,6 +149,7 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
         private_until_s(ctl, snap, s, now) if any(n.is_private for n in ready) else math.inf)
     baseline = ctl.config.policy != Policy.BROKER
     least = snap.pending.smallest_size(fit_size)  # fit_rule: the broker's pool size of unknown tasks
+    spot = SpotSlots(snap, ready)
     for node in ready:
         release = s.release_of(node) if not node.is_private else (
             None if math.isinf(private_until) else private_until)
@@ -168,10 +169,15 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
             limit_ref = min(limit_ref, tail_limit_ref(ctl, snap, memory, node, now, fit_size, fastest))
         for k, slot in enumerate(slots):
             pick = _baseline_pick(ctl, snap, memory, node, rng, s) if baseline else None
+            taken = spot.excluded(node, s.taken)
+            if pick is not None and pick[0] in taken:
+                pick = None  # a task barred from spot
             if pick is None:
-                pick = snap.pending.largest_fitting(limit_ref, fit_size if fit_rule else mean, s.taken)
+                pick = spot.short_pick(snap, node, limit_ref, fit_size if fit_rule else mean, taken)
+            if pick is None:
+                pick = snap.pending.largest_fitting(limit_ref, fit_size if fit_rule else mean, taken)
             if pick is None and not fit_rule:
-                pick = snap.pending.smallest(mean, s.taken)
+                pick = snap.pending.smallest(mean, taken)
             if pick is None:
                 idle_slots.append((node, slot, limit_ref))
                 if not baseline:  # the node's other slots would find nothing either
@@ -187,13 +193,55 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
         # tick then keeps that instance to the task's end). Not under a budget: there,
         # a task that cannot finish in paid time waits (BaTS semantics).
         node, slot, _ = max(idle_slots, key=lambda x: (x[2], x[0].id))
-        pick = snap.pending.smallest(mean, s.taken)
+        pick = snap.pending.smallest(mean, spot.excluded(node, s.taken))
         if pick is not None:
             s.taken.add(pick[0])
             s.actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, WorkCause.NOTHING_FITS_ANYWHERE))
             idle_slots = [x for x in idle_slots if (x[0].id, x[1]) != (node.id, slot)]
     if ctl.config.replicate and ctl.config.policy == Policy.BROKER and len(snap.pending) - len(s.taken) <= 0 and idle_slots:
         replicate(snap, now, mean, idle_slots, s)
+
+
+class SpotSlots:
+    """Rules "short tasks on spot" and "a task interrupted ``max_spot_attempts`` times runs
+    off spot" (issue 21; the ledger keeps the count, ``ledger/spot.py``).
+
+    Both hold only while the fleet has an on-demand or private node that takes work: with
+    spot alone there is nowhere else to run, and a barred task left pending would stall the
+    run (the plan's on-demand fallback is the planner's, ``plan/spot.py``). Then:
+
+    - a spot slot never takes a task in ``snap.spot_barred``;
+    - when the bag has estimates, a spot slot takes the smallest pending task that fits (the
+      work an interruption throws away grows with the task's length: of a task of size x
+      on a node interrupted at rate lambda, about lambda x^2 / 2 is lost on average), while
+      on-demand and private slots keep taking the largest first, so the long tasks run
+      where nothing interrupts them.
+    """
+
+    def __init__(self, snap: Snapshot, ready) -> None:
+        types = snap.types
+
+        def is_spot(n: NodeView) -> bool:
+            t = None if n.type_name is None else types.get(n.type_name)
+            return t is not None and t.is_spot
+
+        self.spot = {n.id for n in ready if is_spot(n)}
+        fallback = bool(self.spot) and any(not n.lost and not is_spot(n) for n in snap.nodes)
+        self.barred = snap.spot_barred if fallback else frozenset()
+        self.short_first = fallback and bool(snap.pending.smallest_estimates_ref_s(1))
+
+    def excluded(self, node: NodeView, taken: set[str]) -> set[str]:
+        """What ``node`` may not take: the tasks taken by this pass (and, on spot, the barred)."""
+        if self.barred and node.id in self.spot:
+            return taken | self.barred
+        return taken
+
+    def short_pick(self, snap: Snapshot, node: NodeView, limit_ref: float, size_ref: float, taken):
+        """The smallest pending task for a spot slot (None: not a spot slot, or none fits)."""
+        if not self.short_first or node.id not in self.spot:
+            return None
+        pick = snap.pending.smallest(size_ref, taken)
+        return pick if pick is not None and pick[1] <= limit_ref else None
 
 
 def _baseline_pick(ctl: Controller, snap: Snapshot, memory: Memory, node: NodeView, rng, s: Scratch):

@@ -50,6 +50,7 @@ class FailurePolicy:
     type_cooldown_s: float = 1800.0  # a type refused for capacity or a limit is avoided this long
     reattaches: int = 5  # a node's agent is re-attached at most this many times a run, then lost
     lost_attempts: int = 5  # attempts lost with their node or agent: past this many, quarantined
+    max_spot_attempts: int = 2  # a task interrupted this often on spot runs on on-demand/private only
 
     def __post_init__(self) -> None:
         if self.retries < 0:
@@ -64,6 +65,8 @@ class FailurePolicy:
             raise ValueError(f"reattaches must be >= 0, got {self.reattaches}")
         if self.lost_attempts < 0:
             raise ValueError(f"lost_attempts must be >= 0, got {self.lost_attempts}")
+        if self.max_spot_attempts < 1:
+            raise ValueError(f"max_spot_attempts must be >= 1, got {self.max_spot_attempts}")
 
 
 # What a lost agent reports for the attempts it was running: no fault of the task.

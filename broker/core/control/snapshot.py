@@ -8,7 +8,7 @@ passed in and returned by every decision (no hidden counters).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import AbstractSet, Mapping, Sequence
 
 from ..goal import Goal  # noqa: F401 - the one goal class (broker.core.goal); re-exported
 from ..model import MachineType
@@ -129,6 +129,9 @@ class Snapshot:
     # Kaplan-Meier law of the promise; None: the promise works from ``observations``' moments.
     finished_ref_s: Sequence[float] | None = None
     timeout_ref_s: float | None = None  # the bag's timeout at speed 1: no task runs longer
+    # Tasks interrupted ``max_spot_attempts`` times: on-demand and private slots only (the
+    # ledger's set, shared as the pool is; ledger/spot.py).
+    spot_barred: AbstractSet[str] = frozenset()
 
     def nodes_with_free_slots(self) -> tuple[NodeView, ...]:
         if self.free_nodes is not None:

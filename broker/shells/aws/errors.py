@@ -28,13 +28,13 @@ _CODES: dict[str, LaunchErrorKind] = {
     "InsufficientInstanceCapacity": LaunchErrorKind.CAPACITY,
     "InsufficientHostCapacity": LaunchErrorKind.CAPACITY,
     "InsufficientCapacity": LaunchErrorKind.CAPACITY,
-    # spot: no spot capacity at our price, or the account's spot quota is full; like capacity,
-    # the type cools down and the plan goes around it (on-demand, another type) meanwhile
+    # spot: no spot capacity at the price asked (a cap below the spot price) is capacity too;
+    # MaxSpotInstanceCountExceeded (the spot quota) is a limit below: both cool the type down
     "SpotMaxPriceTooLow": LaunchErrorKind.CAPACITY,
-    "MaxSpotInstanceCountExceeded": LaunchErrorKind.CAPACITY,
     # account quotas
     "InstanceLimitExceeded": LaunchErrorKind.LIMIT,
     "VcpuLimitExceeded": LaunchErrorKind.LIMIT,
+    "MaxSpotInstanceCountExceeded": LaunchErrorKind.LIMIT,
     # API rate limits
     "RequestLimitExceeded": LaunchErrorKind.THROTTLED,
     "Throttling": LaunchErrorKind.THROTTLED,

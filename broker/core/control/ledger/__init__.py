@@ -12,10 +12,11 @@ from .records import (
     Quarantine,
     Requeue,
 )
+from .spot import SpotCounts
 from .resume import AttemptRow, InstanceRow, JournalRows, Restored, TaskRow, restore, restore_instance, resume_release
 
 __all__ = [
     "LATE_READY_S", "Attempt", "AttemptRow", "Ended", "Followup", "InstanceRow", "JournalRows", "Ledger",
-    "NodeQuarantined", "NodeRecord", "Quarantine", "Requeue", "Restored", "TaskRow", "launch_cost_usd",
+    "NodeQuarantined", "NodeRecord", "Quarantine", "Requeue", "Restored", "SpotCounts", "TaskRow", "launch_cost_usd",
     "planned_life_s", "private_cost_usd", "restore", "restore_instance", "resume_release",
 ]

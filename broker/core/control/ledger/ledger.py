@@ -33,13 +33,14 @@ import numpy as np
 
 from ...model import MachineType, PrivateNode
 from ..actions import Cancel, Launch, ScheduleRelease
-from ..causes import Ending, ReleaseCause
+from ..causes import Ending, ReleaseCause, WorkCause
 from ..failures import FailureBook, FailurePolicy, TypeCooldown, may_give_up
 from ..pool import TaskPool
 from ..snapshot import NodeView, Observations
 from .inflight import InflightMixin
 from .records import STALE, Attempt, Ended, Followup, NodeQuarantined, NodeRecord, Quarantine, Requeue
 from .snapshots import SnapshotMixin
+from .spot import SpotMixin
 
 
 # Instances of a type that never came up (their agent could not start, or the bag's setup
@@ -72,7 +73,7 @@ def private_cost_usd(nodes: Iterable[NodeRecord | PrivateNode], makespan_s: floa
     return sum(n.cost_per_hour for n in nodes if getattr(n, "type", None) is None) * makespan_s / 3600.0
 
 
-class Ledger(SnapshotMixin, InflightMixin):
+class Ledger(SnapshotMixin, InflightMixin, SpotMixin):
     """A run's tasks, attempts and nodes (see the module docstring)."""
 
     def __init__(self, types: Mapping[str, MachineType], policy: FailurePolicy = FailurePolicy(), *,
@@ -120,6 +121,7 @@ class Ledger(SnapshotMixin, InflightMixin):
         self._dirty: dict[str, None] = {}
         self._views: dict[str, NodeView] = {}
         self._free: dict[str, NodeView] = {}
+        self._init_spot()  # spot interruptions (spot.py)
 
     @classmethod
     def from_journal(cls, rows, types: Mapping[str, MachineType], tasks: Sequence[tuple[str, float | None]],
@@ -213,6 +215,8 @@ class Ledger(SnapshotMixin, InflightMixin):
         self.attempts[task_id] = n
         a = Attempt(task_id, n, node_id, slot, now)
         self._run(node, a)
+        if self.spot_barred:
+            self._spot_started(task_id, node)
         if cause == "sampling" and task_id not in self.sampled:
             self.sampled.add(task_id)
             self.sample_keys.add((task_id, n))
@@ -486,6 +490,11 @@ class Ledger(SnapshotMixin, InflightMixin):
             if node.running.get(a.slot) is not a:
                 continue  # stopped meanwhile: a copy the failure of another cancelled (a quarantine)
             self._stop(a, now)
+            if node.notice_at_s is not None and not comes_back:  # gone after EC2's notice: interrupted
+                follow = tuple(f for f in self._interrupted(a, node, now, WorkCause.SPOT_INTERRUPTED)
+                               if not isinstance(f, Cancel))
+                ended.append(Ended(Ending.INTERRUPTED, a, None, follow))
+                continue
             ended.append(self._failed(a, None, Ending.LOST, now))
         followups: list[Followup] = []
         if not comes_back and node.type is not None:

@@ -58,6 +58,9 @@ class NodeRecord:
     paid_until_s: float = -math.inf  # billing, refreshed when the clock passes it
     charged_usd: float = 0.0
     view: NodeView | None = None
+    notice_at_s: float | None = None  # spot: EC2's two-minute notice came (no more work there)
+    terminate_at_s: float | None = None  # ... when the notice says EC2 takes it back
+    interrupted: bool = False  # spot: EC2 took it back (charged only for what ran)
 
     @property
     def is_private(self) -> bool:
@@ -72,6 +75,8 @@ class NodeRecord:
         if self.type is None or self.launched_at_s is None:
             return 0.0
         end = self.terminated_at_s if self.terminated_at_s is not None else now_s
+        if self.interrupted:
+            return self.type.billing.interrupted_billed_s(end - self.launched_at_s) / 3600.0 * self.type.price_per_hour
         return self.type.billing.cost_usd(max(0.0, end - self.launched_at_s), self.type.price_per_hour)
 
 

@@ -112,6 +112,8 @@ def restore(ledger: Ledger, rows: JournalRows, speeds: Mapping[str, float]) -> R
                 ledger.observe(ref, ledger.estimates.get(a.task_id))
             if a.ended_at_s is not None:
                 ledger.last_done_s = max(ledger.last_done_s, a.ended_at_s)
+        elif a.outcome == AttemptOutcome.INTERRUPTED:  # no failure; counts towards max_spot_attempts
+            ledger.count_interruption(a.task_id)
         elif a.outcome in FAILURES:
             sig = None if a.outcome == AttemptOutcome.LOST else signature(a.exit_code, a.timed_out, a.error)
             if sig is None:  # lost with its node or agent, as Ledger._failed counts it

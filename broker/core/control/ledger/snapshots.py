@@ -101,5 +101,5 @@ class SnapshotMixin:
             committed_usd=self.committed_usd(now), started_at_s=0.0,
             prior_mean_ref_s=self.prior_mean_ref_s, prior_sd_ref_s=self.prior_sd_ref_s,
             budget_usd=self.budget_usd, tasks_failed=len(self.quarantined), stopping=stopping,
-            finished_ref_s=self.finished_ref_s, timeout_ref_s=self.timeout_ref_s,
+            finished_ref_s=self.finished_ref_s, timeout_ref_s=self.timeout_ref_s, spot_barred=self.spot_barred,
         )
