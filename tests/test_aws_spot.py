@@ -85,7 +85,7 @@ def test_an_instance_ec2_took_back_is_told_from_one_we_terminated() -> None:
 
 
 def test_spot_capacity_errors_cool_the_type_down_like_capacity_errors() -> None:
-    from broker.core.control.failures import AVOID_KINDS
+    from broker.core.control.ledger.ledger import AVOID_KINDS
 
     for code in ("InsufficientInstanceCapacity", "SpotMaxPriceTooLow"):
         assert kind_of_code(code) is LaunchErrorKind.CAPACITY, code

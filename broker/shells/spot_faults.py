@@ -114,8 +114,8 @@ class SpotInterrupter:
             wall_left = NOTICE_S / self.time_scale
             self.metadata.post_notice(d.instance_id, time.time() + wall_left)
             d.terminate_at_s = now + NOTICE_S
-            self._note(d, f"{d.instance_id} ({d.offer}): two-minute notice posted, terminated at run "
-                          f"{d.terminate_at_s:.0f} s")
+            self._note(d, f"{d.instance_id} ({d.offer}): two-minute notice posted, terminated {NOTICE_S:g} s "
+                          f"of run time later")
             return
         with self._lock:
             self._doomed.pop(d.instance_id, None)

@@ -115,8 +115,12 @@ class SweepMixin:
         gone, unknown = self.ec2.gone_and_unknown(s, alive, self._known_instances(), self.config.tick_s,
                                                   self.ec2.launch_tokens())
         changed = False
+        interrupted = {r.id for r in s.records if r.interrupted}  # EC2 took a spot instance back
+        for instance_id in sorted(interrupted):  # noticed ones too (no longer alive to the ledger)
+            changed |= self._on_interrupted(instance_id)  # spot.py
         for instance_id, reason in gone:
-            changed |= self._on_node_lost(instance_id, reason, reattach=False, gone=True)
+            if instance_id not in interrupted:
+                changed |= self._on_node_lost(instance_id, reason, reattach=False, gone=True)
         for record in unknown:
             changed |= self._adopt_unknown(record, closing=closing)
         if not closing:
