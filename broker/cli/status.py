@@ -27,7 +27,10 @@ so this is safe while the daemon writes.
   "cost_usd_range"}``, or null), ``instance_list`` (each instance's id, type,
   state, tasks, billing, launched_at_s, paid_until_s, release_at_s) and ``node_list`` (each
   private node's node, slots, running, done, state, since_s, last_heard_s, last_heard_ago_s,
-  reason: :mod:`broker.shells.node_view`; the human view shows the same table). Times in JSON are run
+  reason: :mod:`broker.shells.node_view`; the human view shows the same table) and ``spot``
+  (notices, interruptions, attempts_interrupted, requeued_at_notice, lost_work_s,
+  fallback_tasks, spot_instances, spot_cost_usd, on_demand_cost_usd:
+  :mod:`broker.shells.spot_figures`; null for a run without spot). Times in JSON are run
   seconds (from the run's start, or left for the ETA); everywhere else they are human;
 - ``--watch``: redraw every ``--interval`` (default 5s) until the run is no longer running,
   or Ctrl-C; it waits for a journal that does not exist yet (a run about to start).
