@@ -6,8 +6,6 @@ read without a token got by PUT with the TTL header, as EC2's metadata service d
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 import urllib.error
 import urllib.request
@@ -16,8 +14,8 @@ import pytest
 
 from broker.shells.agent_client import AgentClient
 from broker.shells.fake_imds import FakeMetadata
-from broker.shells.local_transport import attach_local_agent, stop_local_agent
-from tests.processes import agent_task_processes
+from broker.shells.local_transport import attach_local_agent
+from tests.test_agent import agent_dir  # noqa: F401 - fixture: stops the agent, fails on leftover tasks
 from workers import imds
 from workers.protocol import Connection, Interruption, Result, Run, decode, encode
 
@@ -26,17 +24,6 @@ from workers.protocol import Connection, Interruption, Result, Run, decode, enco
 def metadata():
     with FakeMetadata() as fake:
         yield fake
-
-
-@pytest.fixture
-def agent_dir(tmp_path):
-    state_dir = tmp_path / "agent"
-    yield state_dir
-    stop_local_agent(state_dir, timeout_s=5.0)
-    leaked = agent_task_processes(state_dir)
-    for pid in leaked:
-        os.kill(pid, signal.SIGKILL)
-    assert not leaked, f"task processes outlived the test: {leaked}"
 
 
 def events_until(client: AgentClient, wanted, timeout_s: float = 30.0) -> list:

@@ -14,6 +14,7 @@ from broker.shells.fake_imds import FakeMetadata
 from broker.shells.faults import FaultKind, SpecFaultInjector, parse_fault_spec
 from broker.shells.moto_world import mock_ec2
 from broker.shells.spot_faults import NOTICE_S, SpotInterrupter, spot_rates
+from tests.test_agent import wait_until as wait_for
 from workers.imds import MetadataClient
 
 
@@ -23,15 +24,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def wait_for(predicate, timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 @pytest.fixture
