@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from broker.cli.verdict import late_but_done
+from broker.shells.events import problems
 from tests.test_daemon_faults import REPO, _env, assert_ec2_matches_the_journal, events
 from tests.test_dryrun import query
 from tests.test_resume import assert_every_task_done_once, assert_nothing_left, run_dir  # noqa: F401 - fixture
@@ -74,6 +75,9 @@ def test_a_dry_run_with_spot_interruptions_finishes_every_task_once_and_reports_
     assert notices and {e["instance_id"] for e in notices} <= {e["detail"].split()[0] for e in noticed}
     interrupted = events(run_dir, "instance.interrupted")
     assert interrupted and {e["instance_id"] for e in interrupted} <= {e["detail"].split()[0] for e in taken}
+
+    # Every line, the new spot events included, is in the catalogue with its fields.
+    assert [(e["event"], p) for e in events(run_dir) for p in problems(e, in_run=True)] == []
 
     # Every task exactly once; nothing running, nothing left in EC2 or on this machine.
     assert_every_task_done_once(run_dir, TASKS)

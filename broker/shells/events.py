@@ -123,7 +123,7 @@ CATALOGUE: dict[str, EventSpec] = {
         _spec("run.report", "the final report as one object (debug level)",
               "run_id state tasks samples instances_launched makespan_s cost_usd cloud_cost_usd "
               "private_cost_usd planned deviation_pct cost_by_type_usd budget_stopped time_scale stop_reason "
-              "instances_not_terminated nodes"),
+              "instances_not_terminated nodes spot"),
         _spec("run.disk_full", "the run directory's disk is full: the run stops", "error"),
         _spec("run.disk_full_released", "after a full disk, the run's instances were terminated without the journal",
               "instance_ids terminated failed"),
