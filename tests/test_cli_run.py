@@ -56,6 +56,7 @@ def test_failing_task_is_retried_then_reported_and_setup_runs_once_per_node(tmp_
         (["--dry-run", "--tick", "soon"], "--tick:"),
         (["--dry-run", "--deadline", "-3m"], "--deadline"),
         (["--dry-run", "--budget", "1", "--point", "2"], "not allowed with argument"),
+        (["--dry-run", "--max-spot-attempts", "0"], "--max-spot-attempts: must be at least 1"),
     ],
 )
 def test_bad_flags_exit_2_before_anything_starts(tmp_path, flags, message):

@@ -45,6 +45,7 @@ from pathlib import Path
 from broker.cli import UsageError
 from broker.cli.plan import add_goal_arguments, confidence_from_args, goal_from_args
 from broker.cli.runview import RunConsole
+from broker.core.control.failures import FailurePolicy
 from broker.core.units import parse_duration
 
 DRY_RUN_TIME_SCALE = 60.0
@@ -93,6 +94,8 @@ def register(subparsers) -> None:
                    help="on Ctrl-C or SIGTERM: 'release' (default) cancels running tasks, releases every "
                    "instance and ends the run; 'leave' keeps instances, agents and their tasks running so "
                    "that `broker run` on the same --run-dir resumes (or `broker down` releases them)")
+    p.add_argument("--max-spot-attempts", type=int, default=2, metavar="N",
+                   help="a task interrupted N times on spot runs on on-demand or private nodes only (default 2)")
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics while the run lasts "
                    "(0: any free port, logged as metrics.serving; needs prometheus-client)")
@@ -128,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--time-scale: must be positive, got {scale:g}")
     if not args.dry_run and scale != 1.0:
         raise UsageError("--time-scale is for --dry-run only: a live run is billed in real time")
+    if args.max_spot_attempts < 1:
+        raise UsageError(f"--max-spot-attempts: must be at least 1, got {args.max_spot_attempts}")
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         raise UsageError(f"--metrics-port: {args.metrics_port} is not a TCP port (0-65535)")
     if not args.yes and not sys.stdin.isatty():
@@ -470,6 +475,7 @@ def _run_daemon(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, marg
         config=ControllerConfig(tick_s=tick_s, margin_s=margin_s, confidence=confidence_from_args(args)),
         confirm=printer.confirm, on_first_plan=printer.show_plan, on_progress=printer.progress,
         samples=args.prior_samples, on_notice=printer.say,
+        failure_policy=FailurePolicy(retries=bag.retries, max_spot_attempts=args.max_spot_attempts),
     )
     nodes.is_spot = daemon.is_spot_node
     previous = {sig: signal.signal(sig, lambda *_: daemon.request_stop("user_stop"))

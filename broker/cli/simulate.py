@@ -35,6 +35,19 @@ def register(sub) -> None:
     p.add_argument("--tick", default="60s", help="monitoring interval (default 60s)")
     p.add_argument("--speed-noise", type=float, default=0.0, help="actual speed = declared x U(1-x, 1+x)")
     p.add_argument("--failure-rate", type=float, default=0.0, help="probability an attempt fails part-way")
+    spot = p.add_argument_group("spot interruptions (types with market: spot)")
+    spot.add_argument("--spot-rate", type=float, default=1.0, metavar="X",
+                      help="x each spot type's interruptions_per_hour (default 1; 0: no interruptions)")
+    spot.add_argument("--spot-notice", default="2m", metavar="DUR", help="EC2's notice before it interrupts (2m)")
+    spot.add_argument("--spot-loss-at", metavar="DUR", help="a whole spot type is lost at this time")
+    spot.add_argument("--spot-loss-rate", type=float, default=0.0, metavar="R",
+                      help="... or at the events of a Poisson process of R an hour")
+    spot.add_argument("--spot-loss-type", metavar="TYPE",
+                      help="the type lost (e.g. c5.xlarge@spot; default: the spot type with most instances)")
+    spot.add_argument("--spot-capacity-back", default="1h", metavar="DUR",
+                      help="a lost type's launches are refused for capacity this long (1h)")
+    spot.add_argument("--max-spot-attempts", type=int, default=2, metavar="N",
+                      help="a task interrupted N times runs on on-demand or private nodes only (2)")
     add_goal_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
@@ -75,7 +88,9 @@ def run(args) -> int:
         raise UsageError(f"--idle-timeout/--lease: {exc}") from None
     config = ControllerConfig(policy=args.policy, eta=args.eta, tick_s=tick_s, peer=peer, list_order=args.list_order,
                               confidence=confidence_from_args(args))
-    options = SimOptions(seed=args.seed, speed_noise=args.speed_noise, failure_rate=args.failure_rate)
+    options = SimOptions(seed=args.seed, speed_noise=args.speed_noise, failure_rate=args.failure_rate,
+                         spot=spot_faults_from_args(args, inventory),
+                         failures=spot_policy_from_args(args))
     progress = ProgressView()
     try:
         result = Simulation(inventory, workload, goal, config, options).run(on_progress=progress)
@@ -100,10 +115,52 @@ def run(args) -> int:
               + (" (stopped for budget)" if r.budget_stopped else ""), file=out)
     print(f"instances launched {r.instances_launched}, at most {r.max_concurrent} at once; "
           f"samples {r.samples}; simulated in {r.sim_wall_s:.2f}s", file=out)
+    if r.spot is not None:
+        sp, by = r.spot, r.spot["cost_usd_by_market"]
+        print(f"spot: {sp['interruptions']} interruptions ({sp['notices']} notices), {sp['attempts_interrupted']} "
+              f"attempts interrupted, {sp['lost_work_ref_s'] / 3600:.2f} ref-h of work lost, {sp['fallback_tasks']} "
+              f"tasks moved to on-demand; spent ${by['spot']:.2f} on spot, ${by['on-demand']:.2f} on-demand",
+              file=out)
     if r.tasks_left:
         print(f"{r.tasks_left} tasks left unfinished", file=out)
     print(verdict.text(), file=out)
     return 0 if verdict.met else 1
+
+
+def spot_faults_from_args(args, inventory):
+    """The simulator's spot options (``--spot-*``), checked against the inventory."""
+    from broker.cli import UsageError
+    from broker.core.units import parse_duration
+    from broker.sim.spot import SpotFaults
+
+    try:
+        notice = parse_duration(args.spot_notice)
+        back = parse_duration(args.spot_capacity_back)
+        at = None if args.spot_loss_at is None else parse_duration(args.spot_loss_at)
+    except ValueError as exc:
+        raise UsageError(f"--spot-notice/--spot-loss-at/--spot-capacity-back: {exc}") from None
+    spot_types = sorted(t.name for t in inventory.types if t.is_spot)
+    if args.spot_loss_type is not None and args.spot_loss_type not in spot_types:
+        raise UsageError(f"--spot-loss-type {args.spot_loss_type!r} is not a spot type of the inventory "
+                         f"(spot types: {', '.join(spot_types) or 'none'})")
+    if (at is not None or args.spot_loss_rate > 0) and not spot_types:
+        raise UsageError("--spot-loss-at/--spot-loss-rate: the inventory has no spot type (market: spot)")
+    try:
+        return SpotFaults(rate_scale=args.spot_rate, notice_s=notice, loss_at_s=at,
+                          loss_rate_per_hour=args.spot_loss_rate, loss_type=args.spot_loss_type,
+                          capacity_back_after_s=back)
+    except ValueError as exc:
+        raise UsageError(f"--spot-*: {exc}") from None
+
+
+def spot_policy_from_args(args):
+    from broker.cli import UsageError
+    from broker.core.control.failures import FailurePolicy
+
+    try:
+        return FailurePolicy(max_spot_attempts=args.max_spot_attempts)
+    except ValueError as exc:
+        raise UsageError(f"--max-spot-attempts: {exc}") from None
 
 
 class ProgressView:

@@ -55,10 +55,11 @@ from ..core.control.ledger import Ledger, NodeQuarantined, Quarantine
 from ..core.control.snapshot import Memory, Snapshot
 from ..core.goal import Goal
 from ..core.model import Inventory, MachineType
+from .spot import INTERRUPT, NOTICE, SPOT_FAULT_KINDS, TYPE_LOSS, SpotFaults, SpotWorld
 
 TICK, READY, END, RELEASE, FAIL, LOSS, KILL, REVIVE = 0, 1, 2, 3, 4, 5, 6, 7
 FAULT_KINDS = ("attempt_failure", "poison_attempt", "bad_node_attempt", "instance_loss", "agent_kill",
-               "capacity", "limit", "partial")
+               "capacity", "limit", "partial") + SPOT_FAULT_KINDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,7 @@ class SimOptions:
     unavailable_types: tuple[str, ...] = ()  # every launch of these fails for capacity
     bad_nodes: tuple[str, ...] = ()  # private nodes that fail everything they run
     failures: FailurePolicy = FailurePolicy()
+    spot: SpotFaults = SpotFaults()  # spot interruptions at each spot type's rate, correlated losses (spot.py)
 
 
 @dataclass(slots=True)
@@ -148,6 +150,7 @@ class SimResult:
     promise_samples: int | None = None  # runtimes seen when it was made
     promise_last: object | None = None  # the last one
     promise_log: list = field(default_factory=list)  # (virtual s, tasks done, runtimes seen, Promise) per change
+    spot: dict | None = None  # spot interruptions, lost work, fallback, spend by market (None: no spot type)
 
     @property
     def tasks_quarantined(self) -> int:
@@ -174,6 +177,7 @@ class SimResult:
             "instances": {"launched": self.instances_launched, "max_concurrent": self.max_concurrent},
             "sim_wall_s": round(self.sim_wall_s, 3),
             "promise": None if self.promise is None else self.promise.to_json(),
+            **({} if self.spot is None else {"spot": self.spot}),
         }
 
 
@@ -230,6 +234,7 @@ class Simulation:
         self._instance_seq = 0
         self._world: dict[str, _Machine] = {}
         self._exec: dict[tuple[str, int], float] = {}  # (task, attempt) -> start, while it runs
+        self.spot = SpotWorld(self, options.spot, options.seed)
         for p in inventory.private:
             self.ledger.add_private(p)
             self.ledger.on_node_ready(p.name, 0.0)
@@ -277,6 +282,11 @@ class Simulation:
         count = min(a.count, max(0, t.limit - self.ledger.live_count(t.name)))
         self.result.launches_refused += a.count - count
         opt, frng = self.opt, self.fault_rng
+        if count and self.spot.refuses(t.name, self.now):  # a correlated spot loss took its capacity
+            self.result.faults["spot_capacity"] += 1
+            self.result.launches_refused += count
+            self.ledger.on_launch_failed(t.name, self.now, "capacity")
+            return
         if count and (opt.capacity_rate > 0 or opt.limit_rate > 0 or opt.partial_rate > 0
                       or t.name in opt.unavailable_types):
             u = -1.0 if t.name in opt.unavailable_types else frng.random()
@@ -301,6 +311,7 @@ class Simulation:
             self._world[node_id] = machine = _Machine(actual)
             self._push(self.now + t.boot_s, READY, node_id)
             self._inject_node_faults(node_id, machine, t, self.now + t.boot_s)
+            self.spot.launched(node_id, t)
             self._timer(release)
         if count:
             self.result.fleet_changes.append((self.now, a.type_name, count))
@@ -436,13 +447,15 @@ class Simulation:
 
     # -- main loop ---------------------------------------------------------------------------
     _HANDLERS = {END: _on_end, FAIL: _on_fail, RELEASE: _on_release, LOSS: _on_loss, KILL: _on_kill,
-                 REVIVE: _on_revive}
+                 REVIVE: _on_revive, NOTICE: lambda self, d: self.spot.on_notice(d),
+                 INTERRUPT: lambda self, d: self.spot.on_interrupt(d), TYPE_LOSS: lambda self, d: self.spot.on_type_loss(d)}
 
     def run(self, on_progress: Callable[[SimProgress], None] | None = None) -> SimResult:
         """Run the bag to its end (or until nothing can progress); ``on_progress`` is called at
         every monitoring tick."""
         wall0 = time.perf_counter()
         self._push(0.0, TICK, None)
+        self.spot.start()
         n = len(self.ids)
         ledger = self.ledger
         first_plan_seen = False
@@ -523,5 +536,7 @@ class Simulation:
         r.private_cost_usd = self.ledger.private_cost_usd()
         r.promise_last = self.memory.promise
         r.cost_usd = r.cloud_cost_usd + r.private_cost_usd
+        if self.spot.active:
+            r.spot = self.spot.report()
         if r.tasks_done < r.tasks_total and r.makespan_s == 0.0:
             r.makespan_s = end
