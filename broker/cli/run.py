@@ -416,9 +416,8 @@ def _fleet(args, inventory, run_id, run_dir, server_process, resume, stack, stat
 
 
 def _spot_interruptions(args, injector, client, server, region, run_id, stack, scale):
-    """A dry run with spot offers: a fake metadata service on 127.0.0.1 that each spot
-    instance's agent watches, and the ``spot_interrupt`` faults that post notices there and
-    then terminate the instances in moto (``broker/shells/spot_faults.py``)."""
+    """A dry run with spot offers: a fake metadata service on 127.0.0.1 that spot instances'
+    agents watch, where ``spot_interrupt`` faults post notices (``shells/spot_faults.py``)."""
     import time
     import zlib
 
