@@ -35,6 +35,11 @@ class SpotMixin:
         record = self.ledger.nodes.get(node)
         return record is not None and record.type is not None and record.type.is_spot
 
+    def _awaiting_interruption(self) -> bool:
+        """Whether an instance had its notice and is not ended yet (every tick's describe
+        is then sent, to see EC2 take it back)."""
+        return any(n.notice_at_s is not None and n.terminated_at_s is None for n in self.ledger.nodes.values())
+
     def _on_interruption_notice(self, node: str, m: Interruption) -> bool:
         record = self.ledger.nodes.get(node)
         if record is None or not self.is_spot_node(node):

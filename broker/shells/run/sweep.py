@@ -100,7 +100,9 @@ class SweepMixin:
         """Every tick: unconfirmed terminations asked again, and one describe by the run's tag
         sent (off the loop; :meth:`_on_surveyed` acts on its answer)."""
         self._retry_terminations()
-        self.ec2.survey(force=bool(self._cloud_alive()))
+        # an instance under a spot notice is no longer alive to the ledger, but EC2's taking it
+        # back is seen only by a describe: keep asking until it is gone
+        self.ec2.survey(force=bool(self._cloud_alive()) or self._awaiting_interruption())
         return False
 
     def _on_surveyed(self, s: Surveyed, closing: bool) -> bool:
