@@ -181,6 +181,7 @@ def test_every_launched_instance_and_its_volume_carry_the_run_tags(world: World)
         MANAGED_TAG: "true",
         RUN_TAG: world.run_id,
         TOKEN_TAG: "tok-tags",
+        "broker:offer": "c5.xlarge",  # the inventory's key, read back by describe
         "Name": f"broker-{world.run_id}-c5.xlarge",
         "project": "thesis",
         "owner": "alice",

@@ -56,7 +56,8 @@ def test_json_prints_exactly_one_object_in_the_documented_shape(tmp_path, capsys
     assert out.count("\n") == 1
     payload = json.loads(out)
     assert set(payload) == {"tasks", "instances", "committed_usd", "budget_usd", "run", "daemon", "plan", "promise",
-                            "eta", "instance_list", "promise_now", "node_list"}
+                            "eta", "instance_list", "promise_now", "node_list", "spot"}
+    assert payload["spot"] is None  # no spot instance in this run
     assert payload["promise_now"] == {"confidence": 0.95, "makespan_s": 5300.0, "makespan_s_range": [5000.0, 5400.0],
                                   "cost_usd": 0.5, "cost_usd_range": [0.45, 0.51]}  # the current one
     assert payload["tasks"] == {"total": 10, "done": 4, "running": 1, "failed": 0, "left": 6, "dropped": 0}

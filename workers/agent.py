@@ -69,6 +69,13 @@ the file's size, which the punched holes leave as the task's writes made it: exa
 task that writes its stream in order. Where the file system cannot punch holes the file is
 cut back to the cap instead, and the count then misses what the task wrote during a cut.
 
+Spot. With ``--spot-metadata URL`` (``http://169.254.169.254`` on EC2) the agent runs on a
+spot instance: a thread polls the instance metadata every ``--spot-poll-s`` (default 5 s)
+over IMDSv2 for the two-minute interruption notice (``imds.py``) and, once it is there,
+reports it to the master as an ``Interruption`` message (again after the Hello of every
+later connection). The agent itself goes on as before: what to stop or re-queue is the
+master's decision.
+
 Lease. With ``--lease-s L`` the daemon holds a lease on its node: after ``L`` seconds with
 no master connected (the broker crashed and nobody resumed, or the node was cut off for
 longer than any reconnect) it cancels its tasks and exits, so no agent or task is left
@@ -112,8 +119,10 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 from urllib.parse import quote
 
 try:
+    from . import imds
     from . import protocol as wire  # imported as part of the workers package
 except ImportError:
+    import imds  # type: ignore[no-redef]
     import protocol as wire  # type: ignore[no-redef]  # run as a script next to protocol.py
 
 AGENT_VERSION = "1"
@@ -659,7 +668,8 @@ class Agent:
     def __init__(self, state_dir: str, slots: int, node: str, grace_s: float = 5.0,
                  idle_exit_s: float = 0.0, progress_poll_s: float = 0.25,
                  max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES, reap_orphans: bool = False,
-                 lease_s: float = 0.0, keep_s: Optional[float] = None) -> None:  # fmt: skip
+                 lease_s: float = 0.0, keep_s: Optional[float] = None,
+                 spot_metadata: Optional[str] = None, spot_poll_s: float = imds.DEFAULT_POLL_S) -> None:  # fmt: skip
         if slots < 1:
             raise ValueError("slots must be at least 1")
         if max_output_bytes < 0:
@@ -674,6 +684,10 @@ class Agent:
         self.lease_s = lease_s  # 0: no lease
         self.keep_s = keep_s  # None: state kept for good
         self._master_shutdown = False  # a master's Shutdown ended this agent
+        self.spot_metadata = spot_metadata  # None: not on spot, no notice to watch for
+        self.spot_poll_s = spot_poll_s
+        self._interruption: Optional[wire.Interruption] = None  # the spot notice, once read
+        self._notice_r = self._notice_w = -1
         self.out_dir = os.path.join(state_dir, OUT_DIR)
         private_makedirs(self.out_dir)
         self.reap_orphans = reap_orphans  # we are the subreaper: adopted leftovers are ours to kill
@@ -750,6 +764,7 @@ class Agent:
             self._reap()
 
         self._sel.register(wake_r, selectors.EVENT_READ, on_signal)
+        self._watch_spot()
         try:
             while True:
                 for selected, mask in self._sel.select(self._wait_s()):
@@ -765,6 +780,40 @@ class Agent:
                     break
         finally:
             self._close()
+
+    # ----------------------------------------------------------------- spot notice
+
+    def _watch_spot(self) -> None:
+        """With ``spot_metadata``, a thread polls it for the two-minute notice (``imds``);
+        the notice wakes the loop through a pipe and goes to the master as ``Interruption``,
+        now and after the Hello of every later connection."""
+        if not self.spot_metadata:
+            return
+        self._notice_r, self._notice_w = os.pipe()
+        os.set_blocking(self._notice_r, False)
+        self._sel.register(self._notice_r, selectors.EVENT_READ, self._on_notice)
+        notice_w = self._notice_w
+
+        def noticed(action: str, when: str, in_s: float) -> None:
+            self._interruption = wire.Interruption(action=action, time=when, in_s=in_s)
+            os.write(notice_w, b"!")
+
+        imds.SpotWatcher(self.spot_metadata, noticed, self.spot_poll_s, log).start()
+        log(f"watching {self.spot_metadata} for the spot interruption notice every {self.spot_poll_s:g} s")
+
+    def _on_notice(self, _mask: int) -> None:
+        try:
+            os.read(self._notice_r, 64)
+        except BlockingIOError:
+            return
+        if self._interruption is not None:
+            self._send(self._interruption_now())
+
+    def _interruption_now(self) -> wire.Interruption:
+        """The notice with its time left recomputed for this moment."""
+        notice = self._interruption
+        assert notice is not None
+        return dataclasses.replace(notice, in_s=imds.seconds_until(notice.time) if notice.time else 0.0)
 
     def _wait_s(self) -> Optional[float]:
         now = time.monotonic()
@@ -919,6 +968,8 @@ class Agent:
             peer.greeted = True
             for result in self._results.values():
                 peer.send(result)
+            if self._interruption is not None:
+                peer.send(self._interruption_now())
         elif isinstance(message, wire.Run):
             self._accept_run(peer, message)
         elif isinstance(message, wire.Ack):
@@ -1353,7 +1404,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     subreaper = _become_subreaper()
     agent = Agent(state_dir, args.slots, args.node, args.grace_s, args.idle_exit_s, args.progress_poll_s,
                   args.max_output_bytes, reap_orphans=subreaper, lease_s=args.lease_s,
-                  keep_s=args.keep_s)  # fmt: skip
+                  keep_s=args.keep_s, spot_metadata=args.spot_metadata or None,
+                  spot_poll_s=args.spot_poll_s)  # fmt: skip
     leftovers = kill_leftovers(state_dir)
     if leftovers:
         log(f"killed {leftovers} process(es) an earlier agent of {state_dir} had left running")
@@ -1450,7 +1502,13 @@ def _common_argv(args: argparse.Namespace) -> List[str]:
         "--slots", str(args.slots), "--node", args.node, "--grace-s", repr(args.grace_s),
         "--idle-exit-s", repr(args.idle_exit_s), "--progress-poll-s", repr(args.progress_poll_s),
         "--max-output-bytes", str(args.max_output_bytes),
-    ] + _lease_argv(args)  # fmt: skip
+    ] + _lease_argv(args) + _spot_argv(args)  # fmt: skip
+
+
+def _spot_argv(args: argparse.Namespace) -> List[str]:
+    if not args.spot_metadata:
+        return []
+    return ["--spot-metadata", args.spot_metadata, "--spot-poll-s", repr(args.spot_poll_s)]
 
 
 # --------------------------------------------------------------------------- lease, stop, clean-up
@@ -1563,10 +1621,22 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--max-output-bytes", type=_byte_count, default=None,
                        help=f"keep at most this much of each task's stdout and of its stderr (0: no cap; "
                        f"default ${MAX_OUTPUT_ENV}, else {DEFAULT_MAX_OUTPUT_BYTES})")  # fmt: skip
+        p.add_argument("--spot-metadata", metavar="URL", default=None,
+                       help=f"this node is a spot instance: poll the instance metadata at URL ({imds.EC2_METADATA_URL} "
+                       f"on EC2) for the two-minute interruption notice and report it (default: not on spot)")
+        p.add_argument("--spot-poll-s", type=_positive_seconds, default=imds.DEFAULT_POLL_S,
+                       help="how often the spot notice is polled for")
         if name == "serve":
             p.add_argument("--stdio", action="store_true", help="speak on stdin/stdout and die with the pipe")
         _add_lease_options(p)
     return parser
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError("must be more than 0 seconds")
+    return value
 
 
 def _byte_count(text: str) -> int:

@@ -18,6 +18,8 @@ Conversation (each side sends its ``Hello`` first; nothing else is accepted befo
                                        <-   Started, Progress, Result, ...
     Ack, Cancel, Ping                  ->
                                        <-   Pong
+                                       <-   Interruption   (spot notice: after each Hello
+                                                            once read, and when first read)
     Shutdown(drain)                    ->   (no Run after it)
 
 Every task message carries ``(task, attempt)``, so a replayed message is recognised and
@@ -215,12 +217,27 @@ class Shutdown:
 
 
 @dataclass(frozen=True)
+class Interruption:
+    """The cloud takes this node back: EC2's two-minute spot notice, read by the agent from
+    the instance metadata (``spot/instance-action``). ``action`` and ``time`` are the
+    document's (``terminate``, ``2026-11-24T13:08:00Z``); ``in_s`` is how long from this
+    message to that time on the node's clock (0 when it has passed). The agent sends it
+    once when it reads the notice, and again after its Hello on every new connection."""
+
+    TYPE: ClassVar[str] = "interruption"
+    action: str
+    time: str
+    in_s: float
+
+
+@dataclass(frozen=True)
 class ConnectionClosed:
     """The peer closed the stream cleanly (not a message: never sent, only received)."""
 
 
-Message = Union[Hello, Run, Started, Progress, Result, Ack, Cancel, Ping, Pong, Shutdown]
-MESSAGE_TYPES: Tuple[type, ...] = (Hello, Run, Started, Progress, Result, Ack, Cancel, Ping, Pong, Shutdown)
+Message = Union[Hello, Run, Started, Progress, Result, Ack, Cancel, Ping, Pong, Shutdown, Interruption]
+MESSAGE_TYPES: Tuple[type, ...] = (Hello, Run, Started, Progress, Result, Ack, Cancel, Ping, Pong, Shutdown,
+                                   Interruption)
 
 
 def key_of(message: Any) -> Key:
@@ -263,6 +280,7 @@ TRANSITIONS: Dict[Tuple[str, State, type], State] = {
     ("agent", _S.OPEN, Progress): _S.OPEN,
     ("agent", _S.OPEN, Result): _S.OPEN,
     ("agent", _S.OPEN, Pong): _S.OPEN,
+    ("agent", _S.OPEN, Interruption): _S.OPEN,
 }
 """(sender role, sender state, message class) -> the sender's next state; absent = forbidden."""
 

@@ -31,6 +31,7 @@ from typing import Any
 from broker.cli import UsageError
 from broker.cli.terminal import goal_text, promise_figures, promise_text
 from broker.core.units import format_duration
+from broker.shells.spot_figures import spot_figures, spot_line
 from broker.shells.journal import JOURNAL_FILE, Journal, JournalError
 from broker.shells.metrics import anchor_s, figures, run_now_s
 from broker.shells.node_view import node_rows
@@ -154,6 +155,8 @@ def build(journal: Journal, run_dir: Path, now_s: float | None = None) -> dict[s
             + [(at, f"goal {f['before']} -> {f['after']}") for at, _, f in journal.events("run.goal_changed")])],
         "first_plan_at_s": round(first_plans[0][0] - start, 3) if first_plans else None,
         "inventory_path": record.inventory_path,
+        # spot interruptions: counts, lost work, the on-demand fallback (None: no spot instance)
+        "spot": spot_figures(journal, run_dir, dict(by_type)),
     }
 
 
@@ -342,6 +345,9 @@ def render(report: dict[str, Any]) -> str:
         stderr = [line for line in (f.get("stderr_tail") or "").splitlines() if line.strip()]
         if stderr:
             lines.append(f"    last stderr: {stderr[-1][-200:]}")
+    spot = spot_line(report.get("spot"), format_duration)
+    if spot:
+        lines.append(f"  {spot}")
     lines += _nodes_lines(report)
     if report["time_scale"] != 1.0:
         scale = report["time_scale"]

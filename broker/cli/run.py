@@ -24,7 +24,9 @@ A dry run's EC2 is a moto server process per run directory (``moto_world.dry_run
 started by the first ``broker run --dry-run`` and stopped when the run ends or by
 ``broker down``; it survives a killed daemon so that a resume finds its instances.
 ``BROKER_DRY_RUN_FAULTS`` (``KIND[:TYPE|OPERATION][:N],...``, see ``faults.parse_fault_spec``)
-makes that EC2 fail on purpose: capacity, limits, throttles, timeouts, partial launches.
+makes that EC2 fail on purpose: capacity, limits, throttles, timeouts, partial launches, and
+spot interruptions (``spot_interrupt:TYPE:RATE``: a notice the instance's agent reads from a
+fake metadata service on 127.0.0.1, then the instance terminated; ``spot_faults.py``).
 """
 
 from __future__ import annotations
@@ -407,7 +409,29 @@ def _fleet(args, inventory, run_id, run_dir, server_process, resume, stack, stat
     injector.on_inject = lambda i: structlog.get_logger().warning(
         "fault.injected", operation=i.operation, kind=i.kind.value, call=i.operation_call, detail=i.detail)
     injector.attach(client)
+    if any(t.is_spot for t in inventory.types):
+        args.spot_metadata = _spot_interruptions(args, injector, client, _server, settings.region, run_id, stack,
+                                                 scale)
     return Ec2Fleet(client, settings, run_id)
+
+
+def _spot_interruptions(args, injector, client, server, region, run_id, stack, scale):
+    """A dry run with spot offers: a fake metadata service on 127.0.0.1 that spot instances'
+    agents watch, where ``spot_interrupt`` faults post notices (``shells/spot_faults.py``)."""
+    import time
+    import zlib
+
+    from broker.shells.fake_imds import FakeMetadata
+    from broker.shells.moto_world import server_client
+    from broker.shells.spot_faults import SpotInterrupter, spot_rates
+
+    metadata = stack.enter_context(FakeMetadata())
+    interrupter = SpotInterrupter(spot_rates(getattr(args, "fault_entries", None) or ()), injector,
+                                  server_client(server, region), metadata, clock=lambda: time.monotonic() * scale,
+                                  time_scale=scale, seed=zlib.crc32(run_id.encode()))
+    interrupter.attach(client)
+    stack.callback(interrupter.close)
+    return metadata
 
 
 def _clock(run_dir, scale, resume):
@@ -432,6 +456,9 @@ def _run_daemon(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, marg
 
     inbox: queue.Queue = queue.Queue()
     local = LocalAgents(run_dir, inbox)
+    metadata = getattr(args, "spot_metadata", None)
+    if args.dry_run and metadata is not None:  # spot instances' agents watch the fake metadata
+        local.spot_metadata_of, local.spot_poll_s = metadata.base_url, max(0.05, 5.0 / scale)
     instances = local if args.dry_run else _instance_agents(run_id, run_dir, inbox, inventory.aws, fleet)
     nodes = RunNodes(inventory, local=local, remote=SshAgents(run_id, inbox), instances=instances)
     # The console reads the run's figures (its ETA) as `broker status` does: through a reader.
@@ -449,6 +476,7 @@ def _run_daemon(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, marg
         samples=args.prior_samples, on_notice=printer.say,
         failure_policy=FailurePolicy(retries=bag.retries, max_spot_attempts=args.max_spot_attempts),
     )
+    nodes.is_spot = daemon.is_spot_node
     previous = {sig: signal.signal(sig, lambda *_: daemon.request_stop("user_stop"))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

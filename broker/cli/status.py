@@ -27,7 +27,10 @@ so this is safe while the daemon writes.
   "cost_usd_range"}``, or null), ``instance_list`` (each instance's id, type,
   state, tasks, billing, launched_at_s, paid_until_s, release_at_s) and ``node_list`` (each
   private node's node, slots, running, done, state, since_s, last_heard_s, last_heard_ago_s,
-  reason: :mod:`broker.shells.node_view`; the human view shows the same table). Times in JSON are run
+  reason: :mod:`broker.shells.node_view`; the human view shows the same table) and ``spot``
+  (notices, interruptions, attempts_interrupted, requeued_at_notice, lost_work_s,
+  fallback_tasks, spot_instances, spot_cost_usd, on_demand_cost_usd:
+  :mod:`broker.shells.spot_figures`; null for a run without spot). Times in JSON are run
   seconds (from the run's start, or left for the ETA); everywhere else they are human;
 - ``--watch``: redraw every ``--interval`` (default 5s) until the run is no longer running,
   or Ctrl-C; it waits for a journal that does not exist yet (a run about to start).
@@ -55,6 +58,7 @@ from broker.shells.metrics import CONFIDENCE_Z, Figures, anchor_s, figures, inte
 from broker.shells.logging import json_safe
 from broker.shells.node_view import summary as node_summary
 from broker.shells.runlock import holder
+from broker.shells.spot_figures import spot_figures, spot_line
 
 RUNS_DIR = Path("runs")
 DEFAULT_INTERVAL_S = 5.0
@@ -175,6 +179,7 @@ class View:
     running_by_node: Mapping[str, int]
     daemon: Mapping[str, object] | None = None  # who runs it (runlock.holder), None: no daemon
     nodes: tuple = ()  # the private nodes (broker.shells.node_view.node_rows)
+    spot: Mapping[str, object] | None = None  # spot interruptions so far (broker.shells.spot_figures)
 
     @property
     def overview(self) -> Overview:
@@ -190,7 +195,12 @@ def snapshot(journal: Journal, wall_now_s: float) -> View:
     done = journal.done_since(now - window) if window > 0 else 0
     running = Counter(a.node for a in journal.running_attempts())
     scale = float(run.options.get("time_scale", 1.0) or 1.0) if run is not None else 1.0
-    return View(fig, wall_now_s, scale, window, done, dict(running), holder(Path(journal.path).parent), fig.nodes)
+    by_type: Counter = Counter()
+    for inst in fig.overview.fleet:
+        by_type[inst.type_name] += inst.committed_usd(now)
+    run_dir = Path(journal.path).parent
+    spot = spot_figures(journal, run_dir, dict(by_type)) if run is not None else None
+    return View(fig, wall_now_s, scale, window, done, dict(running), holder(run_dir), fig.nodes, spot)
 
 
 def render(view: View, run_dir: Path) -> str:
@@ -225,6 +235,9 @@ def render(view: View, run_dir: Path) -> str:
         share = f" ({100 * status['committed_usd'] / budget:.0f}%)" if budget > 0 else ""
         spend += f" of ${budget:.2f} budget{share}, ${max(0.0, budget - status['committed_usd']):.2f} left"
     lines.append(spend)
+    spot = spot_line(view.spot, format_duration)
+    if spot:
+        lines.append(spot)
     lines.append(_plan_line(overview))
     lines.extend(_promise_lines(view))
     if run is not None and run.state == "running":
@@ -426,6 +439,7 @@ def status_document(journal: Journal, run_dir: Path, wall_now_s: float) -> dict:
         "low_s": round(max(0.0, interval[0]), 3), "expected_s": round(max(0.0, interval[1]), 3),
         "high_s": round(max(0.0, interval[2]), 3), "confidence": round(interval_level(), 4), "by": "last plan",
     }
+    document["spot"] = view.spot  # interruptions, lost work, the on-demand fallback (None: no spot)
     document["node_list"] = list(view.nodes)  # the private nodes (broker.shells.node_view.node_rows)
     document["instance_list"] = [
         {"id": i.id, "type": i.type_name, "state": i.state, "tasks": view.running_by_node.get(i.id, 0),

@@ -7,8 +7,8 @@ and :meth:`AgentClient.poll` drains it; the live daemon instead hands one shared
 
 Events delivered:
 
-- the agent's :class:`~workers.protocol.Started`, :class:`~workers.protocol.Progress` and
-  :class:`~workers.protocol.Result`; a Result is delivered once per ``(task, attempt)``
+- the agent's :class:`~workers.protocol.Started`, :class:`~workers.protocol.Progress`,
+  :class:`~workers.protocol.Interruption` (a spot notice) and :class:`~workers.protocol.Result`; a Result is delivered once per ``(task, attempt)``
   however often it is replayed (a replay of one already acknowledged is re-acknowledged
   here, so a lost Ack cannot make the agent replay it forever);
 - :class:`NodeLost` when the connection fails, the agent breaks the protocol (any bad line:
@@ -43,6 +43,7 @@ from workers.protocol import (
     Connection,
     ConnectionClosed,
     Hello,
+    Interruption,
     Key,
     Ping,
     Progress,
@@ -344,7 +345,7 @@ class AgentClient:
                 if key_of(message) not in self._started_seen:
                     self._started_seen.add(key_of(message))
                     deliver.append(message)
-            elif isinstance(message, Progress):
+            elif isinstance(message, (Progress, Interruption)):  # Interruption: the spot notice
                 deliver.append(message)
             for event in deliver:
                 self.inbox.put((self.node, event))

@@ -123,7 +123,7 @@ CATALOGUE: dict[str, EventSpec] = {
         _spec("run.report", "the final report as one object (debug level)",
               "run_id state tasks samples instances_launched makespan_s cost_usd cloud_cost_usd "
               "private_cost_usd planned deviation_pct cost_by_type_usd budget_stopped time_scale stop_reason "
-              "instances_not_terminated nodes"),
+              "instances_not_terminated nodes spot"),
         _spec("run.disk_full", "the run directory's disk is full: the run stops", "error"),
         _spec("run.disk_full_released", "after a full disk, the run's instances were terminated without the journal",
               "instance_ids terminated failed"),
@@ -170,6 +170,15 @@ CATALOGUE: dict[str, EventSpec] = {
         _spec("aws.terminate_failed", "TerminateInstances failed", "instance_ids kind code"),
         _spec("aws.describe_failed", "DescribeInstances failed", "kind code"),
         _spec("aws.reconciled", "the journal's instances compared with EC2's", "adopted missing strays"),
+        _spec("instance.interruption_notice", "a spot instance's agent read EC2's two-minute notice: no more "
+              "work there, the attempts that cannot end in time re-queued",
+              "instance_id type action terminate_at_s requeued running"),
+        _spec("instance.interrupted", "EC2 took a spot instance back (StateReason Server.SpotInstanceTermination)",
+              "instance_id type noticed attempts_lost cost_usd"),
+        _spec("task.interrupted", "an attempt ended by a spot interruption (no failure of the task: re-queued)",
+              "task attempt node cause"),
+        _spec("instance.interruption_notice_ignored", "an agent not on a spot instance of the run reported a notice",
+              "node reason"),
         _spec("fault.injected", "`BROKER_DRY_RUN_FAULTS`: an EC2 fault was injected into a dry run's call "
               "(kind `idempotent`: a RunInstances answered from its client token, as EC2 does)",
               "operation kind call detail"),

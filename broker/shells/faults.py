@@ -21,6 +21,9 @@ dry-run) makes chosen calls fail the way EC2 would:
                       (``InvalidInstanceID.NotFound``) for that long after RunInstances
 ``OUTAGE``            (a setting, :meth:`FaultInjector.outage`) from the first RunInstances
                       on, every call fails for that long as if EC2 could not be reached
+``SPOT_INTERRUPT``    (driven by :mod:`broker.shells.spot_faults`) EC2 takes a spot instance
+                      back: a notice, then the instance terminated, described with
+                      ``StateReason`` ``Server.SpotInstanceTermination``
 ====================  ==============================================================
 
 Besides faults, the injector emulates what moto 5 does not do and EC2 does: a RunInstances
@@ -76,6 +79,7 @@ class FaultKind(enum.Enum):
     EVENTUAL = "eventual"  # logged when an instance is hidden or refused; set by hide_s
     OUTAGE = "outage"  # logged for every call that failed in an outage; set by outage()
     IDEMPOTENT = "idempotent"  # not a fault: a RunInstances answered from its client token
+    SPOT_INTERRUPT = "spot_interrupt"  # spot_faults.SpotInterrupter: a notice, then a termination
 
     def applies_to(self, operation: str) -> bool:
         """Launch-only faults apply to RunInstances; the rest to any operation."""
@@ -85,7 +89,7 @@ class FaultKind(enum.Enum):
 _LAUNCH_ONLY = frozenset({FaultKind.CAPACITY, FaultKind.LIMIT, FaultKind.VCPU_LIMIT, FaultKind.PARTIAL,
                           FaultKind.STUCK_PENDING, FaultKind.IDEMPOTENT})
 # Kinds that are settings of the injector rather than a schedule's draws.
-_SETTINGS = frozenset({FaultKind.EVENTUAL, FaultKind.OUTAGE, FaultKind.IDEMPOTENT})
+_SETTINGS = frozenset({FaultKind.EVENTUAL, FaultKind.OUTAGE, FaultKind.IDEMPOTENT, FaultKind.SPOT_INTERRUPT})
 _GONE_STATES = frozenset({"shutting-down", "terminated"})
 
 # (HTTP status, EC2 error code, message) of the error responses EC2 sends.
@@ -145,6 +149,12 @@ class FaultInjector:
         self._born: dict[str, float] = {}  # instance -> clock when its RunInstances returned
         self._stuck: set[str] = set()  # instances held at pending
         self._said: set[tuple[str, str]] = set()  # (instance, kind) logged once
+        self._interrupted: set[str] = set()  # spot instances EC2 took back (SPOT_INTERRUPT)
+
+    def mark_interrupted(self, instance_id: str) -> None:
+        """From now on DescribeInstances shows ``instance_id``'s end as a spot interruption."""
+        with self._lock:
+            self._interrupted.add(instance_id)
 
     def outage(self, seconds: float) -> None:
         """From the next RunInstances on, every call fails for ``seconds`` (``OUTAGE``)."""
@@ -343,6 +353,9 @@ class FaultInjector:
                 if instance_id in self._stuck and state.get("Name") not in _GONE_STATES:
                     instance["State"] = {"Code": 0, "Name": "pending"}
                     self._note_once(instance_id, "DescribeInstances", "held pending", FaultKind.STUCK_PENDING)
+                if instance_id in self._interrupted and state.get("Name") in _GONE_STATES:
+                    instance["StateReason"] = {"Code": "Server.SpotInstanceTermination",
+                                               "Message": "Server.SpotInstanceTermination: Spot instance termination"}
                 kept.append(instance)
             if kept:
                 reservations.append({**reservation, "Instances": kept})
@@ -386,11 +399,12 @@ for _kind, _names in {
     FaultKind.STUCK_PENDING: ("pending",),
     FaultKind.EVENTUAL: ("eventual_consistency",),
     FaultKind.OUTAGE: (),
+    FaultKind.SPOT_INTERRUPT: ("spot_interruption",),
 }.items():
     for _name in (_kind.value, *_names):
         _SPEC_NAMES[_name.lower()] = _kind
 _SPEC_CANONICAL = ("insufficient_capacity", "instance_limit", "vcpu_limit", "throttle", "timeout", "lost_response",
-                   "partial", "stuck_pending", "eventual", "outage")
+                   "partial", "stuck_pending", "eventual", "outage", "spot_interrupt")
 _DURATION_KINDS = (FaultKind.EVENTUAL, FaultKind.OUTAGE)  # KIND:SECONDS, settings rather than per call
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -405,17 +419,27 @@ class SpecEntry:
     target: str | None
     times: int
     seconds: float = 0.0  # EVENTUAL and OUTAGE: how long
+    rate: float = 0.0  # SPOT_INTERRUPT: interruptions per hour of run time, per instance of target
 
     def matches(self, operation: str, params: Mapping[str, Any]) -> bool:
-        if not self.kind.applies_to(operation) or self.kind in _DURATION_KINDS:
+        if not self.kind.applies_to(operation) or self.kind in _DURATION_KINDS or self.kind in _SETTINGS:
             return False
         if self.kind is FaultKind.PARTIAL and int(params.get("MaxCount", 1)) < 2:
             return False  # half of one instance is not a partial launch: wait for a bigger one
         if self.target is None:
             return operation == "RunInstances"
-        if "." in self.target:
-            return operation == "RunInstances" and params.get("InstanceType") == self.target
+        if "." in self.target:  # the inventory's key: the offer tag (c5.xlarge@spot), else EC2's type
+            return operation == "RunInstances" and _offer_of(params) == self.target
         return operation == self.target
+
+
+def _offer_of(params: Mapping[str, Any]) -> Any:
+    """The ``broker:offer`` tag a RunInstances carries (the fleet sets it), else its type."""
+    for spec in params.get("TagSpecifications", ()):
+        for tag in spec.get("Tags", ()):
+            if tag.get("Key") == "broker:offer":
+                return tag.get("Value")
+    return params.get("InstanceType")
 
 
 def parse_fault_spec(text: str, what: str = SPEC_ENV) -> list[SpecEntry]:
@@ -430,6 +454,9 @@ def parse_fault_spec(text: str, what: str = SPEC_ENV) -> list[SpecEntry]:
     run time in a dry run): every instance is hidden from DescribeInstances and refused by
     TerminateInstances for that long after its RunInstances returned; every call fails as if
     EC2 were unreachable for that long from the first RunInstances on.
+    ``spot_interrupt:TYPE:RATE`` (``spot_interrupt:c5.xlarge@spot:6``) takes the spot instances
+    of TYPE back at RATE interruptions per hour of run time each: a two-minute notice its
+    agent reads, then the instance terminated (``broker/shells/spot_faults.py``).
     TARGET: an instance type (``c5.large``: RunInstances of that type) or an EC2 operation
     (``RunInstances``, ``DescribeInstances``, ``TerminateInstances``); omitted: RunInstances.
     N: how many matching calls fail (default 1).
@@ -448,6 +475,9 @@ def parse_fault_spec(text: str, what: str = SPEC_ENV) -> list[SpecEntry]:
             raise ValueError(f"{what}: {item!r}: unknown fault kind {parts[0]!r} (one of: {known})")
         if kind in _DURATION_KINDS:
             entries.append(SpecEntry(kind, None, 1, _duration(item, parts, what)))
+            continue
+        if kind is FaultKind.SPOT_INTERRUPT:
+            entries.append(_spot_entry(item, parts, what))
             continue
         target, times = None, 1
         rest = [p.strip() for p in parts[1:]]
@@ -468,6 +498,22 @@ def parse_fault_spec(text: str, what: str = SPEC_ENV) -> list[SpecEntry]:
     if not entries:
         raise ValueError(f"{what}: no fault named")
     return entries
+
+
+def _spot_entry(item: str, parts: list[str], what: str) -> SpecEntry:
+    """``spot_interrupt:TYPE:RATE``: the spot offer of TYPE (``@spot`` added if missing)."""
+    usage = f"{what}: {item!r}: expected spot_interrupt:TYPE:RATE, e.g. spot_interrupt:c5.xlarge@spot:6"
+    if len(parts) != 3 or not parts[1].strip():
+        raise ValueError(usage)
+    try:
+        rate = float(parts[2])
+    except ValueError:
+        raise ValueError(usage + " (RATE: interruptions per hour of run time)") from None
+    if not 0 < rate < float("inf"):
+        raise ValueError(f"{what}: {item!r}: RATE must be more than 0 interruptions per hour")
+    target = parts[1].strip()
+    return SpecEntry(FaultKind.SPOT_INTERRUPT, target if target.endswith("@spot") else f"{target}@spot", 0,
+                     rate=rate)
 
 
 def _duration(item: str, parts: list[str], what: str) -> float:
@@ -491,7 +537,7 @@ class SpecFaultInjector(FaultInjector):
 
     def __init__(self, entries: Sequence[SpecEntry], clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(lambda operation, index: None, clock)
-        self.entries = [SpecEntry(e.kind, e.target, e.times, e.seconds) for e in entries]  # own counters
+        self.entries = [SpecEntry(e.kind, e.target, e.times, e.seconds, e.rate) for e in entries]  # own counters
         for entry in self.entries:
             if entry.kind is FaultKind.EVENTUAL:
                 self.hide_s = max(self.hide_s, entry.seconds)

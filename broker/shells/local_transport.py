@@ -128,6 +128,8 @@ def attach_local_agent(
     progress_poll_s: float | None = None,
     lease_s: float | None = None,
     keep_s: float | None = None,
+    spot_metadata: str | None = None,
+    spot_poll_s: float | None = None,
 ) -> LocalTransport:
     """Start (or reach) the detached agent daemon serving ``state_dir``; talk to it over pipes.
 
@@ -142,6 +144,8 @@ def attach_local_agent(
         ("--progress-poll-s", progress_poll_s),
         ("--lease-s", lease_s),
         ("--keep-s", keep_s),
+        ("--spot-metadata", spot_metadata),  # a spot instance: where its notice is read
+        ("--spot-poll-s", spot_poll_s),
     ):
         if value is not None:
             argv += [flag, str(value)]

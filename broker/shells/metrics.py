@@ -254,6 +254,35 @@ class JournalCollector:
             yield GaugeMetricFamily("broker_mean_runtime_estimate_seconds", "estimated mean task runtime on a "
                                     "reference slot (speed 1)", value=fig.mean_ref_s)
         yield GaugeMetricFamily("broker_samples", "tasks run as samples to learn runtimes", value=fig.samples)
+        yield from self._spot_gauges(fig)
+
+    def _spot_gauges(self, fig: Figures) -> Iterator[Any]:
+        """Spot interruptions so far (broker.shells.spot_figures); none for a run without spot."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        from broker.shells.spot_figures import spot_figures
+
+        by_type: Counter = Counter()
+        for inst in fig.overview.fleet:
+            by_type[inst.type_name] += inst.committed_usd(fig.overview.now_s)
+        with self._lock:
+            spot = spot_figures(self._journal, self.run_dir, dict(by_type)) if self._journal is not None else None
+        if spot is None:
+            return
+        for key, name, what in (("notices", "broker_spot_notices", "two-minute notices read by the agents"),
+                                ("interruptions", "broker_spot_interruptions", "spot instances EC2 took back"),
+                                ("attempts_interrupted", "broker_spot_attempts_interrupted",
+                                 "attempts ended by a spot interruption (no failure: re-queued)"),
+                                ("lost_work_s", "broker_spot_lost_work_seconds",
+                                 "run time the interrupted attempts had run, thrown away"),
+                                ("fallback_tasks", "broker_spot_fallback_tasks",
+                                 "tasks interrupted on spot and done on an on-demand instance or a private node")):
+            yield GaugeMetricFamily(name, what, value=spot[key])
+        cost = GaugeMetricFamily("broker_market_cost_usd", "committed spend of the instances of each market",
+                                 labels=["market"])
+        cost.add_metric(["spot"], spot["spot_cost_usd"])
+        cost.add_metric(["on-demand"], spot["on_demand_cost_usd"])
+        yield cost
 
 
 def _promise_gauges(fig: Figures) -> Iterator[Any]:

@@ -43,6 +43,7 @@ REMOTE_AGENT_ROOT = "~/.broker"
 # An agent with no broker for this long cancels its tasks and exits (a private node's own
 # ``lease`` overrides it): no agent is left running for ever after a crash nobody resumed.
 DEFAULT_LEASE_S = 3600.0
+SPOT_OPTIONS = ("--spot-metadata", "http://169.254.169.254")  # a spot instance's agent: EC2's metadata
 
 
 def agent_dir(run_dir: Path, node: str) -> Path:
@@ -58,11 +59,18 @@ class LocalAgents:
         self.inbox = inbox
         self.handshake_timeout_s = handshake_timeout_s
         self.lease_s = lease_s
+        self.spot_metadata_of: Callable[[str], str] | None = None  # a dry run's fake metadata URL per instance
+        self.spot_poll_s: float | None = None
 
-    def attach(self, node: str, slots: int, expect: tuple = ()) -> AgentClient:
-        """``expect``: Runs a previous daemon submitted there (see AgentClient)."""
+    def _spot_options(self, node: str, spot: bool) -> dict[str, Any]:
+        ok = spot and self.spot_metadata_of is not None
+        return {"spot_metadata": self.spot_metadata_of(node), "spot_poll_s": self.spot_poll_s} if ok else {}
+
+    def attach(self, node: str, slots: int, expect: tuple = (), spot: bool = False) -> AgentClient:
+        """``expect``: Runs a previous daemon submitted there (see AgentClient); ``spot``: its agent watches."""
         state_dir = private_dir(agent_dir(self.run_dir, node))  # 0700 before the agent's first file
-        transport = attach_local_agent(state_dir, slots, node=node, grace_s=1.0, lease_s=self.lease_s)
+        transport = attach_local_agent(state_dir, slots, node=node, grace_s=1.0, lease_s=self.lease_s,
+                                       **self._spot_options(node, spot))
         try:
             return AgentClient(transport, node, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s,
                                expect=expect)
@@ -71,11 +79,11 @@ class LocalAgents:
             stop_local_agent(state_dir)
             raise
 
-    def reattach(self, node: str, slots: int, client: AgentClient) -> None:
+    def reattach(self, node: str, slots: int, client: AgentClient, spot: bool = False) -> None:
         """A new connection for ``client`` after its agent's link broke; starts the agent
         again on the same state directory if it is gone (it then reports what it lost)."""
         transport = attach_local_agent(agent_dir(self.run_dir, node), slots, node=node, grace_s=1.0,
-                                       lease_s=self.lease_s)
+                                       lease_s=self.lease_s, **self._spot_options(node, spot))
         try:
             client.reattach(transport)
         except Exception:
@@ -348,28 +356,30 @@ def start_remote_agent(
     handshake_timeout_s: float,
     remote_root: str = REMOTE_AGENT_ROOT,
     expect: tuple = (),
+    spot: bool = False,
 ) -> AgentClient:
     """Ship the agent over ``session`` and attach to it (starting its daemon if none runs).
 
-    The daemon's state lives in ``<remote_root>/runs/<run_id>/<node>`` on the node.
-    """
-    transport = open_remote_agent_stream(session, run_id, node, slots, remote_root)
+    The daemon's state lives in ``<remote_root>/runs/<run_id>/<node>`` on the node; ``spot``:
+    its agent watches EC2's metadata for the notice."""
+    transport = open_remote_agent_stream(session, run_id, node, slots, remote_root, spot=spot)
     return AgentClient(transport, node, inbox=inbox, handshake_timeout_s=handshake_timeout_s, expect=expect)
 
 
 def open_remote_agent_stream(session: Any, run_id: str, node: str, slots: int,
                              remote_root: str = REMOTE_AGENT_ROOT,
-                             agent_options: tuple[str, ...] = ("--lease-s", f"{DEFAULT_LEASE_S:g}")) -> Any:
+                             agent_options: tuple[str, ...] = ("--lease-s", f"{DEFAULT_LEASE_S:g}"),
+                             spot: bool = False) -> Any:
     """Ship the agent over ``session`` and open a stream to it (``attach`` starts its daemon
     if none runs, else joins the one that outlived an earlier connection). ``agent_options``
-    are passed on to the daemon (its lease, keep)."""
+    are passed on to the daemon (its lease, keep); ``spot``: it watches EC2's metadata for the notice."""
     remote_dir = session.deploy_agent(f"{remote_root}/agent")
     q = shlex.quote
     command = (
         f"python3 -B {q(remote_dir + '/agent.py')} attach"  # -B: no __pycache__ (0755 under the login's umask)
         f" --state-dir {remote_state_dir(run_id, node, remote_root)}"
         f" --slots {int(slots)} --node {q(node)}"
-        + "".join(f" {q(option)}" for option in agent_options)
+        + "".join(f" {q(option)}" for option in agent_options + (SPOT_OPTIONS if spot else ()))
     )
     return session.open_stream(command)
 
@@ -453,20 +463,20 @@ class InstanceAgents:
         self._sessions: dict[str, Any] = {}
         self._abandoned: set[str] = set()
 
-    def attach(self, node: str, slots: int, expect: tuple = ()) -> AgentClient:
+    def attach(self, node: str, slots: int, expect: tuple = (), spot: bool = False) -> AgentClient:
         session = self._connect(node, self.settings.ssh_timeout_s)
         try:
             if self._is_abandoned(node):
                 raise InstanceUnreachable(f"instance {node} was released while its agent was being started")
             return start_remote_agent(session, self.run_id, node, slots, self.inbox, self.handshake_timeout_s,
-                                      self.remote_root, expect)
+                                      self.remote_root, expect, spot)
         except BaseException:
             with self._lock:
                 self._sessions.pop(node, None)
             session.close()
             raise
 
-    def reattach(self, node: str, slots: int, client: AgentClient, timeout_s: float = 30.0) -> None:
+    def reattach(self, node: str, slots: int, client: AgentClient, timeout_s: float = 30.0, spot: bool = False) -> None:
         """A new SSH connection for ``client`` after its link dropped (the agent daemon on the
         instance outlived it and replays what finished meanwhile). It blocks the caller for at
         most ``timeout_s`` (or ``aws.ssh_timeout`` if shorter) before giving up."""
@@ -476,7 +486,7 @@ class InstanceAgents:
             old.close()
         session = self._connect(node, min(timeout_s, self.settings.ssh_timeout_s))
         try:
-            client.reattach(open_remote_agent_stream(session, self.run_id, node, slots, self.remote_root))
+            client.reattach(open_remote_agent_stream(session, self.run_id, node, slots, self.remote_root, spot=spot))
         except BaseException:
             with self._lock:
                 self._sessions.pop(node, None)
@@ -503,14 +513,15 @@ class InstanceAgents:
         return session
 
     def attach_in_background(self, node: str, slots: int,
-                             done: Callable[[AgentClient | None, BaseException | None], None]) -> None:
+                             done: Callable[[AgentClient | None, BaseException | None], None],
+                             spot: bool = False) -> None:
         """:meth:`attach` on a thread of its own; ``done(client, None)`` or ``done(None, error)``
         after. The daemon's loop goes on meanwhile (a boot can take minutes), and a
         :meth:`stop` before the end abandons the attempt."""
 
         def work() -> None:
             try:
-                client = self.attach(node, slots)
+                client = self.attach(node, slots, spot=spot)
             except Exception as exc:  # noqa: BLE001 - handed to the loop, which reports it
                 done(None, exc)
                 return

@@ -35,7 +35,8 @@ class NoEc2Fleet:
         self.reason = reason
         self.calls = 0  # requests sent to AWS: always 0 (tests read it)
 
-    def launch(self, type_name: str, count: int, *, client_token: str, user_data: str | None = None) -> LaunchOutcome:
+    def launch(self, type_name: str, count: int, *, client_token: str, user_data: str | None = None,
+               max_price_per_hour: float | None = None) -> LaunchOutcome:
         failure = AwsFailure(LaunchErrorKind.LIMIT, NOT_CONFIGURED,
                              f"{count} x {type_name} not launched, nothing was asked of EC2: {self.reason}")
         return LaunchOutcome(type_name=type_name, requested=count, client_token=client_token, failure=failure)

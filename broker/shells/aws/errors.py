@@ -28,7 +28,8 @@ _CODES: dict[str, LaunchErrorKind] = {
     "InsufficientInstanceCapacity": LaunchErrorKind.CAPACITY,
     "InsufficientHostCapacity": LaunchErrorKind.CAPACITY,
     "InsufficientCapacity": LaunchErrorKind.CAPACITY,
-    # spot: no capacity at the price asked (a cap below the spot price) is capacity too
+    # spot: no spot capacity at the price asked (a cap below the spot price) is capacity too;
+    # MaxSpotInstanceCountExceeded (the spot quota) is a limit below: both cool the type down
     "SpotMaxPriceTooLow": LaunchErrorKind.CAPACITY,
     # account quotas
     "InstanceLimitExceeded": LaunchErrorKind.LIMIT,

@@ -8,8 +8,17 @@ nothing is raised into the controller (failures are :class:`AwsFailure` records)
 Safety rules, enforced here rather than trusted to callers:
 
 - every instance (and its root volume) is tagged ``broker:managed=true``,
-  ``broker:run=<run_id>``, ``Name=broker-<run_id>-<type>``, ``broker:client-token=<token>``
-  plus the inventory's extra tags;
+  ``broker:run=<run_id>``, ``Name=broker-<run_id>-<type>``, ``broker:client-token=<token>``,
+  ``broker:offer=<the inventory's key of the type>`` plus the inventory's extra tags;
+
+Markets. The type a launch names is the inventory's key: an EC2 type (``c5.xlarge``,
+on-demand) or its spot offer (``c5.xlarge@spot``, :func:`broker.core.model.spot_key`).
+RunInstances is asked for the EC2 type; a spot offer adds ``InstanceMarketOptions``
+(one-time, terminated on interruption, ``MaxPrice`` when the inventory caps it). Describe
+maps each instance back to its key through the ``broker:offer`` tag (EC2's InstanceType
+says nothing of the market), and keeps EC2's ``StateReason`` code: a spot instance EC2 took
+back ends ``terminated`` with ``Server.SpotInstanceTermination``
+(:attr:`InstanceRecord.interrupted`).
 - a launch is idempotent in its client token: EC2 honours ``ClientToken`` itself, and before
   every attempt the fleet also looks for instances already tagged with the token (moto, and
   EC2 after a lost response to a call it did carry out), so a retry or a replay after a
@@ -54,6 +63,8 @@ from .retry import RetryPolicy
 MANAGED_TAG = "broker:managed"
 RUN_TAG = "broker:run"
 TOKEN_TAG = "broker:client-token"
+OFFER_TAG = "broker:offer"
+SPOT_SUFFIX = "@spot"  # broker.core.model.spot_key
 
 # EC2 accepts client tokens of up to 64 ASCII characters.
 _MAX_TOKEN_LEN = 64
@@ -113,13 +124,16 @@ class Ec2Fleet:
 
     # -- launching -----------------------------------------------------------------------
     def launch(
-        self, type_name: str, count: int, *, client_token: str, user_data: str | None = None
+        self, type_name: str, count: int, *, client_token: str, user_data: str | None = None,
+        max_price_per_hour: float | None = None,
     ) -> LaunchOutcome:
         """Launch ``count`` instances of ``type_name`` at once, idempotently in ``client_token``.
 
         Returns the instances that exist under the token. A failure is a record, never an
         exception: CAPACITY/LIMIT/INVALID/AUTH at once, THROTTLED/TIMEOUT once retries are
         spent, PARTIAL with the instances that did launch when EC2 gave fewer than asked.
+        ``type_name`` is the inventory's key (``c5.xlarge@spot`` launches ``c5.xlarge`` on the
+        spot market, capped at ``max_price_per_hour`` if given).
         """
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
@@ -131,7 +145,7 @@ class Ec2Fleet:
 
         if not self.settings.ami:
             return outcome(failure=AwsFailure(LaunchErrorKind.INVALID, "", "no AMI configured (aws.ami)"))
-        params = self._run_params(type_name, count, client_token, user_data)
+        params = self._run_params(type_name, count, client_token, user_data, max_price_per_hour)
         token_filter = {"Name": f"tag:{TOKEN_TAG}", "Values": [client_token]}
 
         def attempt() -> tuple[tuple[InstanceRecord, ...], bool]:
@@ -167,19 +181,22 @@ class Ec2Fleet:
         log.info("aws.run_instances", launched=len(instances), instance_ids=ids, reused=reused)
         return outcome(instances=instances, attempts=attempts, reused=reused)
 
-    def _run_params(self, type_name: str, count: int, client_token: str, user_data: str | None) -> dict[str, Any]:
+    def _run_params(self, type_name: str, count: int, client_token: str, user_data: str | None,
+                    max_price_per_hour: float | None = None) -> dict[str, Any]:
         s = self.settings
+        ec2_type, spot = offer_of(type_name)
         tags = {
             **dict(s.tags),
             MANAGED_TAG: "true",
             RUN_TAG: self.run_id,
             TOKEN_TAG: client_token,
+            OFFER_TAG: type_name,
             "Name": f"broker-{self.run_id}-{type_name}",
         }
         tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
         params: dict[str, Any] = {
             "ImageId": s.ami,
-            "InstanceType": type_name,
+            "InstanceType": ec2_type,
             "MinCount": count,  # EC2 launches all or nothing when MinCount = MaxCount
             "MaxCount": count,
             "ClientToken": client_token,
@@ -188,6 +205,11 @@ class Ec2Fleet:
                 {"ResourceType": "volume", "Tags": tag_list},
             ],
         }
+        if spot:
+            options: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
+            if max_price_per_hour is not None:
+                options["MaxPrice"] = f"{max_price_per_hour:.6f}".rstrip("0").rstrip(".")
+            params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": options}
         if s.key_name:
             params["KeyName"] = s.key_name
         if s.security_group:
@@ -419,18 +441,27 @@ class Ec2Fleet:
             self._sleep(delay_s)
 
 
+def offer_of(type_name: str) -> tuple[str, bool]:
+    """``(EC2 instance type, spot?)`` of an inventory key: ``c5.xlarge@spot`` -> ``(c5.xlarge, True)``."""
+    if type_name.endswith(SPOT_SUFFIX):
+        return type_name[: -len(SPOT_SUFFIX)], True
+    return type_name, False
+
+
 def _record(instance: Mapping[str, Any]) -> InstanceRecord:
     launched = instance["LaunchTime"]
     if isinstance(launched, datetime) and launched.tzinfo is None:
         launched = launched.replace(tzinfo=timezone.utc)
+    tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
     return InstanceRecord(
         id=instance["InstanceId"],
-        type_name=instance["InstanceType"],
+        type_name=tags.get(OFFER_TAG) or instance["InstanceType"],
         state=InstanceState.from_vendor(instance.get("State", {}).get("Name")),
         launched_at_s=launched.timestamp(),
         private_ip=instance.get("PrivateIpAddress"),
         public_ip=instance.get("PublicIpAddress"),
-        tags={t["Key"]: t["Value"] for t in instance.get("Tags", [])},
+        tags=tags,
+        state_reason=(instance.get("StateReason") or {}).get("Code") or None,
     )
 
 

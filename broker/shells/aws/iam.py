@@ -74,7 +74,9 @@ def iam_policy(inventory: Inventory | None = None) -> dict[str, Any]:
     tags = {MANAGED_TAG: "true", **(dict(aws.tags) if aws else {})}
     request_tags = {f"aws:RequestTag/{k}": v for k, v in tags.items()}
     resource_tags = {f"aws:ResourceTag/{k}": v for k, v in tags.items()}
-    type_names = sorted({t.name for t in inventory.types}) if inventory is not None else []
+    # EC2's own type names: a spot offer's key (c5.xlarge@spot) launches its instance_type
+    type_names = sorted({t.instance_type for t in inventory.types}) if inventory is not None else []
+    spot = inventory is None or any(t.is_spot for t in inventory.types)
     instance_launch = {"StringEquals": dict(request_tags), "Null": {f"aws:RequestTag/{RUN_TAG}": "false"}}
     if type_names:
         instance_launch["StringEquals"]["ec2:InstanceType"] = type_names
@@ -95,6 +97,9 @@ def iam_policy(inventory: Inventory | None = None) -> dict[str, Any]:
             f"{arn}:*:network-interface/*",
             named("key-pair", aws.key_name if aws else None),
         ]),
+        *([_allow("LaunchSpotInstancesThroughRunInstances", "ec2:RunInstances",
+                  [f"{arn}:*:spot-instances-request/*"], {"StringEquals": {"ec2:InstanceMarketType": "spot"}})]
+          if spot else []),
         _allow("TagOnlyWhileLaunching", "ec2:CreateTags", [f"{arn}:*:instance/*", f"{arn}:*:volume/*"],
                {"StringEquals": {"ec2:CreateAction": "RunInstances", **request_tags}}),
         _allow("TerminateOnlyTheDeploymentsInstances", "ec2:TerminateInstances", [f"{arn}:*:instance/*"],

@@ -153,7 +153,7 @@ class _Checks:
 
     def instance_types(self) -> dict[str, dict]:
         """The inventory's types EC2 offers in the region, with their description."""
-        names = sorted({t.name for t in self.inventory.types})
+        names = sorted({t.instance_type for t in self.inventory.types})  # EC2's names, either market
         where = [{"Name": "instance-type", "Values": names}]
         offered = _pages(lambda **kw: self.clients.ec2.describe_instance_type_offerings(
             LocationType="region", Filters=where, **kw), "InstanceTypeOfferings")
@@ -239,8 +239,10 @@ class _Checks:
         """The inventory's peak vCPUs per on-demand quota, against the account's quota."""
         peaks: dict[tuple[str, str], int] = {}
         for machine in self.inventory.types:
-            described = types.get(machine.name)
-            quota = quota_of(machine.name)
+            if machine.is_spot:  # spot vCPUs count against the spot quotas, not these
+                continue
+            described = types.get(machine.instance_type)
+            quota = quota_of(machine.instance_type)
             if described is None or quota is None:
                 continue
             vcpus = int(described.get("VCpuInfo", {}).get("DefaultVCpus", 0))

@@ -81,6 +81,15 @@ class InstanceRecord:
     private_ip: str | None = None
     public_ip: str | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
+    state_reason: str | None = None  # EC2's StateReason code, e.g. Server.SpotInstanceTermination
+
+    @property
+    def interrupted(self) -> bool:
+        """EC2 took this spot instance back (not we, not the user)."""
+        return self.state_reason == SPOT_TERMINATION
+
+
+SPOT_TERMINATION = "Server.SpotInstanceTermination"
 
 
 @dataclass(frozen=True, slots=True)

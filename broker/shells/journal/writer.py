@@ -287,15 +287,17 @@ class Journal(JournalReader):
             task_id, attempt, AttemptResult(exit_code=None, runtime_s=None, error=error), node=node, at_s=at_s
         )
 
-    def attempt_lost(self, task_id: str, attempt: int, reason: str, *, at_s: float | None = None) -> bool:
-        """A running attempt vanished with its agent or node (``lost``): no failure of the task
-        (``failures`` is unchanged), which goes back to pending unless another attempt runs.
+    def attempt_lost(self, task_id: str, attempt: int, reason: str, *, at_s: float | None = None,
+                     interrupted: bool = False) -> bool:
+        """A running attempt vanished with its agent or node (``lost``; ``interrupted``: with
+        its spot instance, or stopped at the notice): no failure of the task (``failures`` is
+        unchanged), which goes back to pending unless another attempt runs.
         False when it was not running."""
         with self._write() as db:
             cur = db.execute(
-                "UPDATE attempts SET outcome = 'lost', ended_at = ?, error = ?"
+                "UPDATE attempts SET outcome = ?, ended_at = ?, error = ?"
                 " WHERE task_id = ? AND attempt = ? AND outcome = 'running'",
-                (self._now(at_s), reason, task_id, int(attempt)),
+                ("interrupted" if interrupted else "lost", self._now(at_s), reason, task_id, int(attempt)),
             )
             if cur.rowcount != 1:
                 return False

@@ -200,8 +200,9 @@ class Ec2Actuator:
         self.launch_seq += 1
         token = f"{self.run_id}-{self.launch_seq}"
         intent = self.journal.intend("launch", {"type": t.name, "count": count, "client_token": token}, cause)
+        cap = {"max_price_per_hour": t.max_price_per_hour} if t.is_spot and t.max_price_per_hour is not None else {}
         self._send("launch", {"type": t, "count": count, "cause": cause, "token": token, "intent": intent},
-                   lambda: self.fleet.launch(t.name, count, client_token=token))
+                   lambda: self.fleet.launch(t.name, count, client_token=token, **cap))
         return token
 
     def _took_launch(self, c: _Call) -> Launched:

@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from broker.core.control.actions import Assign, Cancel, Replicate, ScheduleRelease
-from broker.core.control.causes import Ending
+from broker.core.control.causes import Ending, WorkCause
 from broker.core.control.failures import AGENT_STOPPING, signature
 from broker.core.control.ledger import Ended, Followup, NodeQuarantined, Quarantine, Requeue
 from broker.shells.agent_client import NodeLost, TaskLost
 from broker.shells.journal import AttemptResult
 from broker.shells.logging import mask_secrets, write_event
-from workers.protocol import Result, Run
+from workers.protocol import Interruption, Result, Run
 
+from .spot import is_spot_cancel
 from .types import SETUP_TASK, Reconnected, ReleaseDue
 
 
@@ -85,6 +86,8 @@ class AttemptsMixin:
             return self._on_result(node, message)
         if isinstance(message, NodeLost):
             return self._on_node_lost(node, message.reason)
+        if isinstance(message, Interruption):
+            return self._on_interruption_notice(node, message)  # spot.py
         if isinstance(message, TaskLost):
             now = self.clock.now_s()
             e = self.ledger.on_attempt_lost(node, message.task, message.attempt, now)
@@ -184,7 +187,10 @@ class AttemptsMixin:
         """Journal and carry out what the ledger answered an event with."""
         for f in followups:
             if isinstance(f, Cancel):
-                self.journal.attempt_cancelled(f.task_id, f.attempt)
+                if is_spot_cancel(f):
+                    self._interrupted_attempt(f)  # spot.py: journaled interrupted, no failure
+                else:
+                    self.journal.attempt_cancelled(f.task_id, f.attempt)
                 client = self.clients.get(f.node)
                 if client is not None:
                     client.cancel([(f.task_id, f.attempt)])
@@ -273,6 +279,11 @@ class AttemptsMixin:
         ended, followups = self.ledger.on_node_lost(node, now, gone=gone)
         self._emit("node.lost", node=node, reason=reason)
         for e in ended:
+            if e.outcome == Ending.INTERRUPTED:  # a spot instance under notice gone: no failure
+                self._interrupted_attempt(Cancel(e.attempt.task_id, e.attempt.attempt, WorkCause.SPOT_INTERRUPTED,
+                                                 node))
+                self._carry_out(e.followups)
+                continue
             self.journal.attempt_lost(e.attempt.task_id, e.attempt.attempt, f"node {node} lost: {reason}")
             self._failed(e, f"node {node} lost: {reason}")
         self._carry_out(followups)

@@ -55,6 +55,7 @@ from .actuator import Ec2Actuator, Ec2Answer, Timers
 from .attempts import AttemptsMixin, _round
 from .nodes_mixin import NodesMixin
 from .report import RunReport, build_report
+from .spot import SpotMixin
 from .sweep import SweepMixin
 from .trace import RecordingLedger, Trace, action_json
 from .types import (
@@ -72,7 +73,7 @@ from .types import (
 )
 
 
-class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
+class Daemon(AttemptsMixin, NodesMixin, SweepMixin, SpotMixin):
     """Runs one bag to the end (or to a stop); see the module docstring.
 
     ``fleet``: EC2 (:class:`~broker.shells.aws.Ec2Fleet`); ``nodes``: every node's agent

@@ -21,6 +21,12 @@ class RunNodes:
     def __init__(self, inventory: Inventory, *, local: Any = None, remote: Any = None, instances: Any = None) -> None:
         self.private: dict[str, PrivateNode] = {p.name: p for p in inventory.private}
         self.local, self.remote, self.instances = local, remote, instances
+        # Whether an instance is a spot one (its agent then watches for the notice): the
+        # daemon sets it from its ledger.
+        self.is_spot: Callable[[str], bool] = lambda node: False
+
+    def _spot(self, node: str) -> dict[str, bool]:
+        return {"spot": True} if self.is_spot(node) else {}
 
     def _private_agents(self, node: PrivateNode) -> Any:
         return self.local if node.local else self.remote
@@ -28,7 +34,7 @@ class RunNodes:
     def attach(self, node: str, slots: int, expect: tuple[Run, ...] = ()) -> AgentClient:
         private = self.private.get(node)
         if private is None:
-            return self.instances.attach(node, slots, expect)
+            return self.instances.attach(node, slots, expect, **self._spot(node))
         if private.local:
             return self.local.attach(node, slots, expect)
         return self.remote.attach(private, expect)
@@ -38,7 +44,7 @@ class RunNodes:
         background = getattr(self.instances, "attach_in_background", None)
         if node in self.private or background is None:
             return False
-        background(node, slots, done)
+        background(node, slots, done, **self._spot(node))
         return True
 
     def attach_private_in_background(self, node: str, done: Callable[[AgentClient | None, BaseException | None], None],
@@ -66,7 +72,7 @@ class RunNodes:
     def reattach(self, node: str, slots: int, client: AgentClient) -> None:
         private = self.private.get(node)
         if private is None:
-            self.instances.reattach(node, slots, client)
+            self.instances.reattach(node, slots, client, **self._spot(node))
         elif private.local:
             self.local.reattach(node, slots, client)
         else:

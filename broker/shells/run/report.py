@@ -34,6 +34,7 @@ class RunReport:
     unterminated: tuple[str, ...] = ()  # instances EC2 never confirmed terminated: they may still bill
     nodes_lost: list[str] = field(default_factory=list)  # lost, bad or failed setup, and not back at the end
     private_nodes: list[str] = field(default_factory=list)  # the private nodes the run was given
+    spot: dict[str, Any] | None = None  # the ledger's SpotCounts (None: no spot instance launched)
 
     def deviation_pct(self, delivered: float, planned: float | None) -> float | None:
         if planned is None or planned <= 0 or self.tasks_done + self.tasks_failed < self.tasks_total:
@@ -64,6 +65,7 @@ class RunReport:
             "instances_not_terminated": list(self.unterminated),
             "nodes": {"private": list(self.private_nodes), "lost": list(self.nodes_lost),
                       "private_left": len([n for n in self.private_nodes if n not in self.nodes_lost])},
+            "spot": self.spot,
         }
 
 
@@ -86,4 +88,6 @@ def build_report(ledger: Ledger, *, run_id: str, state: str, now_s: float, first
         unterminated=unterminated,
         nodes_lost=[n.id for n in ledger.nodes.values() if n.lost],
         private_nodes=[n.id for n in ledger.nodes.values() if n.is_private],
+        spot=ledger.spot_counts.to_json() if any(n.type is not None and n.type.is_spot
+                                                 for n in ledger.nodes.values()) else None,
     )

@@ -100,7 +100,9 @@ class SweepMixin:
         """Every tick: unconfirmed terminations asked again, and one describe by the run's tag
         sent (off the loop; :meth:`_on_surveyed` acts on its answer)."""
         self._retry_terminations()
-        self.ec2.survey(force=bool(self._cloud_alive()))
+        # an instance under a spot notice is no longer alive to the ledger, but EC2's taking it
+        # back is seen only by a describe: keep asking until it is gone
+        self.ec2.survey(force=bool(self._cloud_alive()) or self._awaiting_interruption())
         return False
 
     def _on_surveyed(self, s: Surveyed, closing: bool) -> bool:
@@ -115,8 +117,12 @@ class SweepMixin:
         gone, unknown = self.ec2.gone_and_unknown(s, alive, self._known_instances(), self.config.tick_s,
                                                   self.ec2.launch_tokens())
         changed = False
+        interrupted = {r.id for r in s.records if r.interrupted}  # EC2 took a spot instance back
+        for instance_id in sorted(interrupted):  # noticed ones too (no longer alive to the ledger)
+            changed |= self._on_interrupted(instance_id)  # spot.py
         for instance_id, reason in gone:
-            changed |= self._on_node_lost(instance_id, reason, reattach=False, gone=True)
+            if instance_id not in interrupted:
+                changed |= self._on_node_lost(instance_id, reason, reattach=False, gone=True)
         for record in unknown:
             changed |= self._adopt_unknown(record, closing=closing)
         if not closing:

@@ -18,7 +18,8 @@ SETUP_TASK = "__setup__"
 class Fleet(Protocol):
     """EC2 as the run uses it (:class:`~broker.shells.aws.Ec2Fleet`; moto in a dry run)."""
 
-    def launch(self, type_name: str, count: int, *, client_token: str) -> LaunchOutcome: ...
+    def launch(self, type_name: str, count: int, *, client_token: str,
+               max_price_per_hour: float | None = None) -> LaunchOutcome: ...
 
     def terminate(self, instance_ids: Iterable[str]) -> TerminateOutcome: ...
 
