@@ -35,6 +35,7 @@ from typing import Any
 
 import structlog
 
+from broker.shells.agent_hub import AgentHub
 from broker.shells.transport import Transport, TransportClosed
 from workers.protocol import (
     NEED_DATA,
@@ -91,6 +92,41 @@ class _Link:
         self.shutting_down = False  # Shutdown sent: the agent ending the stream is expected
         self.suspects: set[Key] = set()
         self.replay_left = 0
+        self.last_heard = self.next_ping = 0.0  # time.monotonic(), set when the link opens
+        self.first_ping: float | None = None  # when the first ping of the current silence went out
+
+
+class _HubWatcher:
+    """One link as the hub (agent_hub.py) sees it; every call runs on the hub thread."""
+
+    __slots__ = ("client", "link")
+
+    def __init__(self, client: AgentClient, link: _Link) -> None:
+        self.client, self.link = client, link
+
+    def hub_data(self, data: bytes, now: float) -> str | None:
+        return self.client._on_data(self.link, data, now)
+
+    def hub_timer(self, now: float) -> float | str:
+        return self.client._on_timer(self.link, now)
+
+    def hub_end(self, reason: str) -> None:
+        link = self.link
+        if link.transport.closed:
+            link.transport.close()
+            self.client._on_end(link, reason)
+            link.done.set()
+            return
+
+        def close() -> None:  # a local bridge is waited for: not on the hub thread
+            try:
+                link.transport.close()
+            except Exception:  # noqa: BLE001 - closing what is already broken
+                pass
+            link.done.set()
+
+        self.client._on_end(link, reason)
+        threading.Thread(target=close, name=f"close-{self.client.node}", daemon=True).start()
 
 
 class AgentClient:
@@ -203,13 +239,18 @@ class AgentClient:
 
     def _open(self, transport: Transport) -> None:
         link = self._link = _Link(transport)
-        reader = threading.Thread(target=self._read_loop, args=(link,), name=f"agent-{self.node}", daemon=True)
+        now = time.monotonic()
+        link.last_heard, link.next_ping = now, now + self.ping_interval_s
+        hub = AgentHub.shared() if AgentHub.can_watch(transport) else None
         try:
             transport.send(link.conn.send(Hello(role="master", node=self.node)))
         except TransportClosed as exc:
             transport.close()
             raise HandshakeError(f"{self.node}: the transport closed before the handshake: {exc}") from exc
-        reader.start()
+        if hub is not None:  # one I/O thread for every agent (agent_hub.py)
+            hub.watch(transport, _HubWatcher(self, link), link.next_ping)
+        else:  # a transport with nothing to wait on: a reader thread of its own
+            threading.Thread(target=self._read_loop, args=(link,), name=f"agent-{self.node}", daemon=True).start()
         if not link.greeted.wait(self.handshake_timeout_s):
             self._retire(link)
             raise HandshakeError(f"{self.node}: no Hello from the agent within {self.handshake_timeout_s:g} s")
@@ -245,11 +286,20 @@ class AgentClient:
             pass  # the reader reports NodeLost; a re-attach reconciles what was in flight
 
     def _read_loop(self, link: _Link) -> None:
-        """The reader thread. However it ends (the stream closed, a protocol error, or any
-        exception at all in reading or bookkeeping), its node is reported lost unless the
-        end was expected: a dead reader must never leave a node's attempts hanging."""
+        """The reader thread of a transport the hub cannot watch: the same steps as the hub's
+        (:meth:`_on_data`, :meth:`_on_timer`, :meth:`_on_end`), waiting in ``recv``."""
+        reason: str | None = None
         try:
-            reason = self._read_until_lost(link)
+            while reason is None and not link.stopped:
+                due = self._on_timer(link, time.monotonic())
+                if isinstance(due, str):
+                    reason = due
+                    break
+                data = link.transport.recv(1 << 18, timeout_s=max(0.0, due - time.monotonic()))
+                if data is not None:
+                    reason = self._on_data(link, data, time.monotonic())
+        except (TransportClosed, OSError) as exc:
+            reason = f"the transport failed: {exc}"
         except BaseException as exc:  # noqa: BLE001 - reported as the node lost, below
             reason = f"the reader failed: {type(exc).__name__}: {exc}"
             log.error("agent.reader_failed", node=self.node, error=reason)
@@ -257,62 +307,63 @@ class AgentClient:
             link.transport.close()
         except Exception:  # noqa: BLE001 - closing what is already broken
             pass
+        self._on_end(link, reason or "")
+        link.done.set()
+
+    def _on_timer(self, link: _Link, now: float) -> float | str:
+        """Ping after ``ping_interval_s`` of silence; the next due time, or why the link is lost.
+
+        Silence is a loss only once a ping has gone unanswered for ``dead_after_s -
+        ping_interval_s`` too: if the reader itself was held up past ``dead_after_s`` (a
+        loaded machine, a suspended laptop), the agent is asked before it is blamed. Bytes
+        that arrived meanwhile were read first (the hub serves readable links before timers).
+        """
+        if link.stopped:
+            return ""
+        lost_at = link.last_heard + self.dead_after_s
+        if link.first_ping is not None:
+            lost_at = max(lost_at, link.first_ping + self.dead_after_s - self.ping_interval_s)
+            if now >= lost_at:
+                return f"silent for {self.dead_after_s:g} s"
+        if now >= link.next_ping or now >= lost_at:
+            with self._lock:
+                self._ping_seq += 1
+                self._send_locked([Ping(self._ping_seq)], link)
+            link.first_ping = now if link.first_ping is None else link.first_ping
+            link.next_ping = now + self.ping_interval_s
+            lost_at = max(link.last_heard + self.dead_after_s, link.first_ping + self.dead_after_s - self.ping_interval_s)
+        return min(link.next_ping, lost_at)
+
+    def _on_data(self, link: _Link, data: bytes, now: float) -> str | None:
+        """Feed bytes to the protocol; None to go on, else why the link ended ("" if expected)."""
+        if not data:
+            link.conn.receive_data(b"")
+        else:
+            link.last_heard, link.first_ping = now, None
+            self.heard_at = now
+            link.next_ping = now + self.ping_interval_s
+            link.conn.receive_data(data)
+        while True:
+            try:
+                event = link.conn.next_event()
+            except RemoteProtocolError as exc:
+                return f"the agent broke the protocol: {exc}"
+            if event is NEED_DATA:
+                return None
+            if isinstance(event, ConnectionClosed):
+                return "" if link.stopped or link.shutting_down else "the agent closed the connection"
+            self._on_message(link, event)
+
+    def _on_end(self, link: _Link, reason: str) -> None:
+        """However a link ends (the stream closed, a protocol error, or any exception at all in
+        reading or bookkeeping), its node is reported lost unless the end was expected: a dead
+        reader must never leave a node's attempts hanging."""
         if not link.greeted.is_set():
             link.error = reason or "the connection closed during the handshake"
             link.greeted.set()
-        elif reason is not None and not link.stopped and link is self._link:
+        elif reason and not link.stopped and link is self._link:
             log.warning("agent.lost", node=self.node, reason=reason)
             self.inbox.put((self.node, NodeLost(self.node, reason)))
-        link.done.set()
-
-    def _read_until_lost(self, link: _Link) -> str | None:
-        """Feed the protocol until the stream ends; None if that was expected, else why.
-
-        Silence is a loss only once a ping has gone unanswered for ``dead_after_s -
-        ping_interval_s`` too: if this thread itself was held up past ``dead_after_s`` (a
-        loaded machine, a suspended laptop), the agent is asked before it is blamed.
-        """
-        last_heard = time.monotonic()
-        next_ping = last_heard + self.ping_interval_s
-        first_ping: float | None = None  # when the first ping of the current silence went out
-        patience_s = self.dead_after_s - self.ping_interval_s
-        while not link.stopped:
-            lost_at = last_heard + self.dead_after_s
-            if first_ping is not None:
-                lost_at = max(lost_at, first_ping + patience_s)
-            wait_s = min(next_ping, lost_at) - time.monotonic()
-            try:
-                data = link.transport.recv(1 << 18, timeout_s=max(0.0, wait_s))
-                now = time.monotonic()
-                if data is None and first_ping is not None and now >= lost_at:
-                    data = link.transport.recv(1 << 18, timeout_s=0.0)  # what came while we were held up
-                    if data is None:
-                        return f"silent for {self.dead_after_s:g} s"
-            except (TransportClosed, OSError) as exc:
-                return f"the transport failed: {exc}"
-            if data is None:
-                if now >= next_ping or now >= lost_at:
-                    with self._lock:
-                        self._ping_seq += 1
-                        self._send_locked([Ping(self._ping_seq)], link)
-                    first_ping = now if first_ping is None else first_ping
-                    next_ping = now + self.ping_interval_s
-                continue
-            last_heard, first_ping = now, None
-            self.heard_at = now
-            next_ping = now + self.ping_interval_s
-            link.conn.receive_data(data)
-            while True:
-                try:
-                    event = link.conn.next_event()
-                except RemoteProtocolError as exc:
-                    return f"the agent broke the protocol: {exc}"
-                if event is NEED_DATA:
-                    break
-                if isinstance(event, ConnectionClosed):
-                    return None if link.stopped or link.shutting_down else "the agent closed the connection"
-                self._on_message(link, event)
-        return None
 
     # ----------------------------------------------------------------- bookkeeping
 

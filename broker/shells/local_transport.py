@@ -17,7 +17,7 @@ import select
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import workers
@@ -41,6 +41,7 @@ class LocalTransport:
         self._recv_lock = threading.Lock()
         self._closed = False
         self._eof = False
+        self.on_close: Callable[[], None] | None = None  # told before the descriptors go (agent_hub.py)
 
     @classmethod
     def spawn(
@@ -61,6 +62,10 @@ class LocalTransport:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def fileno(self) -> int:
+        """The descriptor readable when the agent has said something (or the stream ended)."""
+        return self._out_fd
 
     def send(self, data: bytes) -> None:
         with self._send_lock:
@@ -96,6 +101,8 @@ class LocalTransport:
                 return
             self._closed = True
         os.write(self._wake_w, b"x")
+        if self.on_close is not None:
+            self.on_close()
         try:
             self.process.stdin.close()  # type: ignore[union-attr]
         except OSError:

@@ -8,6 +8,7 @@ import select
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 import paramiko
 
@@ -38,6 +39,11 @@ class SshTransport:
         self._stderr_lock = threading.Lock()
         self._stderr_tail: deque[bytes] = deque()
         self._stderr_bytes = 0
+        self.on_close: Callable[[], None] | None = None  # told before the descriptors go (agent_hub.py)
+
+    def fileno(self) -> int:
+        """Readable when the channel has stdout or stderr data, or has ended (paramiko's pipe)."""
+        return self._ready_fd
 
     def send(self, data: bytes) -> None:
         if self._closed:
@@ -77,6 +83,8 @@ class SshTransport:
                 return
             self._closed = True
         os.write(self._wake_w, b"x")
+        if self.on_close is not None:
+            self.on_close()
         with self._recv_lock:  # no recv is polling the descriptors any more
             with contextlib.suppress(Exception):
                 self._channel.close()

@@ -30,3 +30,66 @@ class Transport(Protocol):
 
     @property
     def closed(self) -> bool: ...
+
+
+class SocketTransport:
+    """The contract over a connected stream socket (one end of ``socket.socketpair()``): what
+    the benchmarks and tests use for in-process fake agents (:mod:`broker.shells.fake_agents`).
+    Watched by the agent hub like a pipe (``fileno``, ``on_close``)."""
+
+    def __init__(self, sock) -> None:  # noqa: ANN001 - a socket.socket
+        import threading
+
+        self._sock = sock
+        self._sock.setblocking(False)
+        self._lock = threading.Lock()
+        self._closed = False
+        self.on_close = None  # told before the descriptor goes (agent_hub.py)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def send(self, data: bytes) -> None:
+        import select
+
+        view = memoryview(data)
+        with self._lock:
+            while view:
+                if self._closed:
+                    raise TransportClosed("the socket transport is closed")
+                try:
+                    view = view[self._sock.send(view):]
+                except BlockingIOError:
+                    select.select([], [self._sock], [], 1.0)
+                except OSError as exc:
+                    raise TransportClosed(f"the peer is gone: {exc}") from exc
+
+    def recv(self, max_bytes: int = 65536, timeout_s: float | None = None) -> bytes | None:
+        import select
+
+        if self._closed:
+            return b""
+        if timeout_s != 0.0 and not select.select([self._sock], [], [], timeout_s)[0]:
+            return None
+        try:
+            return self._sock.recv(max_bytes)
+        except BlockingIOError:
+            return None
+        except OSError:
+            return b""
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self.on_close is not None:
+            self.on_close()
+        try:
+            self._sock.close()
+        except OSError:
+            pass

@@ -1,0 +1,93 @@
+"""One I/O thread serves every agent connection (broker/shells/agent_hub.py).
+
+Hundreds of in-process fake agents (broker/shells/fake_agents.py, over socketpairs) are
+attached to the master: the number of threads does not grow with them, each task is
+completed exactly once, and a connection that drops or falls silent is still reported as
+the node lost.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import Counter
+
+from broker.shells.agent_client import AgentClient, NodeLost
+from broker.shells.agent_hub import AgentHub
+from broker.shells.fake_agents import FakeAgents
+from workers.protocol import Result, Run
+
+AGENTS = 300
+
+
+def _attach(fakes: FakeAgents, count: int, inbox: queue.Queue, **options) -> dict[str, AgentClient]:
+    return {f"n{i}": AgentClient(fakes.connect(f"n{i}", 2), f"n{i}", inbox=inbox, **options) for i in range(count)}
+
+
+def test_hundreds_of_agents_are_served_by_one_thread_and_each_task_completes_once():
+    inbox: queue.Queue = queue.Queue()
+    with FakeAgents() as fakes:
+        before = threading.active_count()
+        clients = _attach(fakes, AGENTS, inbox)
+        during = threading.active_count()
+        # The threads do not grow with the agents: the hub (started once per process) at most.
+        assert during - before <= 1, (before, during)
+        assert not [t for t in threading.enumerate() if t.name.startswith("agent-n")]
+        hub_threads = [t for t in threading.enumerate() if t.name == "agent-hub"]
+        assert len(hub_threads) == 1
+        tasks = {name: [Run(f"{name}-t{k}", 1, ":") for k in range(5)] for name in clients}
+        for name, client in clients.items():
+            client.submit(tasks[name])
+        results: Counter = Counter()
+        deadline = time.monotonic() + 120
+        while sum(results.values()) < AGENTS * 5 and time.monotonic() < deadline:
+            node, event = inbox.get(timeout=30)
+            assert not isinstance(event, NodeLost), event
+            if isinstance(event, Result):
+                assert event.ok
+                assert event.task.startswith(node + "-")
+                results[event.task] += 1
+                clients[node].ack([(event.task, event.attempt)])
+        assert len(results) == AGENTS * 5
+        assert set(results.values()) == {1}
+        assert set(fakes.runs.values()) == {1}
+        assert all(not c.outstanding() for c in clients.values())
+        assert threading.active_count() - before <= 1
+        for client in clients.values():
+            client.close()
+
+
+def test_a_dropped_connection_among_hundreds_is_reported_as_that_node_lost():
+    inbox: queue.Queue = queue.Queue()
+    with FakeAgents() as fakes:
+        clients = _attach(fakes, 100, inbox)
+        fakes.drop("n37")
+        node, event = inbox.get(timeout=10)
+        assert (node, type(event)) == ("n37", NodeLost)
+        assert "closed the connection" in event.reason
+        time.sleep(0.2)
+        assert inbox.empty()  # nobody else was lost
+        for client in clients.values():
+            client.close()
+        assert inbox.empty()  # closing on purpose loses nothing
+
+
+def test_a_silent_agent_on_the_hub_is_lost_after_dead_after_s(monkeypatch):
+    inbox: queue.Queue = queue.Queue()
+    with FakeAgents() as fakes:
+        clients = _attach(fakes, 3, inbox, ping_interval_s=0.1, dead_after_s=0.4)
+        # n1 goes mute: it still reads, but never answers a Ping again.
+        fake = next(f for f in fakes._fakes.values() if f.node == "n1")
+        monkeypatch.setattr(fake.conn, "send", lambda message: b"")
+        node, event = inbox.get(timeout=10)
+        assert (node, type(event)) == ("n1", NodeLost)
+        assert "silent" in event.reason
+        time.sleep(0.5)  # the others keep answering their pings
+        assert inbox.empty()
+        for client in clients.values():
+            client.close()
+
+
+def test_the_hub_is_one_per_process():
+    assert AgentHub.shared() is AgentHub.shared()
