@@ -165,6 +165,7 @@ class AgentClient:
         self._started_seen: set[Key] = set()
         self._acked: set[Key] = set()
         self._ping_seq = 0
+        self._held: list[Ack] = []  # acknowledgements waiting for the turn's write (ack(hold=True))
         self.heard_at = time.monotonic()  # when the agent last said anything (time.monotonic)
         self._link: _Link
         self._open(transport)
@@ -184,12 +185,22 @@ class AgentClient:
         with self._lock:
             self._send_locked([Cancel(task, attempt) for task, attempt in keys])
 
-    def ack(self, keys: Iterable[Key]) -> None:
-        """Confirm Results recorded by the master; the agent may then forget them."""
+    def ack(self, keys: Iterable[Key], *, hold: bool = False) -> None:
+        """Confirm Results recorded by the master; the agent may then forget them. ``hold``:
+        send them with the next write to this agent (the turn's new work, :meth:`flush`)."""
         with self._lock:
             acks = [Ack(task, attempt) for task, attempt in keys]
             self._acked.update(key_of(a) for a in acks)
-            self._send_locked(acks)
+            if hold and not self._link.stopped:
+                self._held += acks
+            else:
+                self._send_locked(acks)
+
+    def flush(self) -> None:
+        """Send what :meth:`ack` holds, if nothing carried it yet."""
+        with self._lock:
+            if self._held and not self._link.stopped:
+                self._send_locked([])
 
     def shutdown(self, drain: bool = True) -> None:
         """Ask the agent to stop (after its tasks if ``drain``); see :meth:`wait_closed`."""
@@ -233,6 +244,7 @@ class AgentClient:
 
     def close(self) -> None:
         """Drop the connection on purpose (no NodeLost). The agent keeps running."""
+        self.flush()
         self._retire(self._link)
 
     # ----------------------------------------------------------------- connection
@@ -277,6 +289,8 @@ class AgentClient:
             link = self._link
             if link.stopped:
                 raise TransportClosed(f"the client for {self.node} is closed")
+            if self._held:  # acknowledgements and new work in one write
+                messages, self._held = [*self._held, *messages], []
         if link.stopped or not messages:
             return
         data = link.conn.send_all(messages)

@@ -252,7 +252,7 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
         for node, keys in acks.items():
             client = self.clients.get(node)
             if client is not None:
-                client.ack(keys)
+                client.ack(keys, hold=True)  # sent with the node's new work of this turn, in one write
         if self._to_fetch:  # before any release this turn, so an instance goes with its outputs fetched
             self._fetch_all_outputs()
         for message in control:
@@ -267,6 +267,10 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
             self._emit("instance.type_broken", type=name, instances=self.ledger.never_up.get(name, 0))
         if tick or changed:
             self._decide(tick)
+        for node in acks:  # the acknowledgements no new work carried
+            client = self.clients.get(node)
+            if client is not None:
+                client.flush()
         if tick and self.ledger.on_tick(self.clock.now_s(), self.memory.budget_stopped,
                                         self.memory.private_stopped):
             self.stop_reason = "budget_stop" if self.budget_stopped else "no_capacity"
