@@ -14,7 +14,8 @@ private-only inventory of that many nodes of 4 slots, and prints:
 - tasks/s            tasks done per second of wall time, from the first start to the last result;
 - master CPU ms/task CPU of every thread but the fake agents' (process CPU minus that
                      thread's own clock), over the same span, per task;
-- decide ms          the controller's turn (snapshot, decide, apply): median and 95th percentile;
+- decide ms          the decision of a turn (the ledger's snapshot and the controller's decide):
+                     median and 95th percentile;
 - turn ms            one whole loop turn (agent messages, journal batch, acks, decide): median;
 - threads            threads alive in the process while the row runs (its agents attached).
 
@@ -143,14 +144,31 @@ class _Probe:
         self.done = 0
         self.threads = 0
         decide, turn, start, result = daemon._decide, daemon._turn, daemon._start_attempts, daemon._on_result
+        new_ledger, controller_decide = daemon._new_ledger, daemon.controller.decide
+        spent = [0.0]  # ms in the snapshot and the controller during this _decide
+
+        def timed(fn):  # noqa: ANN001, ANN202
+            def call(*a, **k):  # noqa: ANN002, ANN003, ANN202
+                t = time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    spent[0] += 1000 * (time.perf_counter() - t)
+            return call
+
+        def wrapped_new_ledger(ledger):  # noqa: ANN001, ANN202
+            new_ledger(ledger)
+            daemon.ledger.snapshot = timed(daemon.ledger.snapshot)
+
+        daemon._new_ledger, daemon.controller.decide = wrapped_new_ledger, timed(controller_decide)
 
         def cpu() -> float:
             return time.process_time() - cpu_other()
 
         def timed_decide(*a, **k):  # noqa: ANN002, ANN003, ANN202
-            t = time.perf_counter()
+            spent[0] = 0.0
             decide(*a, **k)
-            self.decide_ms.append(1000 * (time.perf_counter() - t))
+            self.decide_ms.append(spent[0])
 
         def timed_turn() -> None:
             t = time.perf_counter()
