@@ -91,3 +91,57 @@ def test_a_silent_agent_on_the_hub_is_lost_after_dead_after_s(monkeypatch):
 
 def test_the_hub_is_one_per_process():
     assert AgentHub.shared() is AgentHub.shared()
+
+
+def _daemon_on_fakes(tmp_path, fakes: FakeAgents, agents: int, tasks: int, on_progress=None):
+    from broker.core.control.controller import ControllerConfig
+    from broker.core.goal import Goal
+    from broker.core.model import Bag, Inventory, PrivateNode, Task
+    from broker.shells.clock import RunClock
+    from broker.shells.fake_agents import FakeNodes
+    from broker.shells.journal import Journal
+    from broker.shells.run import Daemon, DaemonOptions
+
+    inventory = Inventory(private=tuple(PrivateNode(f"n{i:03d}", 2, host="fake") for i in range(agents)))
+    bag = Bag(tasks=tuple(Task(f"t{i:05d}", ":") for i in range(tasks)), timeout_s=600.0)
+    inbox: queue.Queue = queue.Queue()
+    clock = RunClock(1.0)
+    with Journal.open(tmp_path, clock=clock.now_s, anchor_s=clock.epoch_anchor_s) as journal:
+        journal.create_run("hub", goal_kind="theta", goal_value=1.0, retries=bag.retries, tasks=bag.tasks)
+        nodes = FakeNodes(fakes, inbox, 2)
+        daemon = Daemon(inventory, bag, Goal(), DaemonOptions(run_dir=tmp_path, run_id="hub", tick_s=60.0),
+                        journal=journal, clock=clock, fleet=None, nodes=nodes, inbox=inbox,
+                        config=ControllerConfig(tick_s=60.0, margin_s=120.0), on_progress=on_progress)
+        report = daemon.run()
+        nodes.pool.shutdown()
+        return report, journal.events()
+
+
+def test_the_daemon_runs_each_task_once_on_hundreds_of_fake_agents_without_a_thread_each(tmp_path):
+    threads: list[int] = []
+    with FakeAgents() as fakes:
+        report, events = _daemon_on_fakes(tmp_path, fakes, 200, 1000,
+                                          on_progress=lambda *_: threads.append(threading.active_count()))
+    assert report.tasks_done == 1000 and report.tasks_failed == 0
+    done = Counter(fields["task"] for _, name, fields in events if name == "task.done")
+    assert len(done) == 1000 and set(done.values()) == {1}
+    assert set(fakes.runs.values()) == {1}  # no task was sent twice
+    assert max(threads) < 40  # 200 agents, and no thread for any of them
+
+
+def test_the_daemon_detects_a_dropped_fake_agent_and_still_runs_each_task_once(tmp_path):
+    dropped: list[str] = []
+
+    with FakeAgents() as fakes:
+        def drop_one(done, *_):
+            if done >= 200 and not dropped:
+                dropped.append("n007")
+                fakes.drop("n007")
+
+        report, events = _daemon_on_fakes(tmp_path, fakes, 50, 1000, on_progress=drop_one)
+    assert dropped
+    assert report.tasks_done == 1000 and report.tasks_failed == 0
+    done = Counter(fields["task"] for _, name, fields in events if name == "task.done")
+    assert len(done) == 1000 and set(done.values()) == {1}
+    reattached = [fields for _, name, fields in events if name == "agent.reattached"]
+    assert [f["node"] for f in reattached] == ["n007"]

@@ -14,9 +14,13 @@ from __future__ import annotations
 import os
 import select
 import socket
+import queue
 import threading
+import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
+from broker.shells.agent_client import AgentClient
 from broker.shells.transport import SocketTransport
 from workers.protocol import (
     NEED_DATA,
@@ -43,6 +47,9 @@ class _Fake:
         self.conn = Connection("agent")
         self.out = bytearray()
         self.unacked: set = set()
+
+
+ATTACH_CONCURRENCY = 8
 
 
 class FakeAgents:
@@ -171,3 +178,53 @@ class FakeAgents:
             fake.out += conn.send(Pong(message.seq))
         elif isinstance(message, Cancel):
             pass  # answered already: a fake task ends before it can be cancelled
+
+
+class FakeNodes:
+    """The daemon's ``nodes`` (:class:`~broker.shells.run.types.Nodes`) for private nodes of
+    ``slots`` served by fake agents: attached in the background on at most
+    ``ATTACH_CONCURRENCY`` threads, as :class:`~broker.shells.nodes.SshAgents` does; ``first_at``
+    and ``last_at`` (``time.perf_counter``) time the attaches."""
+
+    def __init__(self, fakes: FakeAgents, inbox: queue.Queue, slots: int) -> None:
+        self.fakes, self.inbox, self.slots = fakes, inbox, slots
+        self.pool = ThreadPoolExecutor(ATTACH_CONCURRENCY, thread_name_prefix="attach")
+        self.first_at: float | None = None
+        self.last_at = 0.0
+
+    def _attach(self, node: str, slots: int) -> AgentClient:
+        self.first_at = self.first_at or time.perf_counter()
+        client = AgentClient(self.fakes.connect(node, slots), node, inbox=self.inbox)
+        self.last_at = time.perf_counter()
+        return client
+
+    def attach(self, node: str, slots: int, expect: tuple = ()) -> AgentClient:
+        return self._attach(node, slots)
+
+    def attach_in_background(self, node, slots, done) -> bool:  # noqa: ANN001
+        return False
+
+    def attach_private_in_background(self, node, done, on_retry, expect=()) -> bool:  # noqa: ANN001
+        def work() -> None:
+            try:
+                client = self._attach(node, self.slots)
+            except Exception as exc:  # noqa: BLE001 - handed to the daemon
+                done(None, exc)
+                return
+            done(client, None)
+
+        self.pool.submit(work)
+        return True
+
+    def grace_s(self, node: str) -> float | None:
+        return None
+
+    def reattach(self, node: str, slots: int, client: AgentClient) -> None:
+        client.reattach(self.fakes.connect(node, slots))
+
+    def stop(self, node: str, client: AgentClient | None) -> None:
+        if client is not None:
+            client.close()
+
+    def fetch(self, *args, **kwargs) -> list:  # noqa: ANN002, ANN003
+        return []

@@ -32,6 +32,7 @@ import structlog
 from broker.config.aws import AwsSettings
 from broker.core.model import PrivateNode
 from broker.shells.agent_client import AgentClient
+from broker.shells.attach_pool import AttachPool
 from broker.shells.local_transport import attach_local_agent, stop_local_agent
 from broker.shells.private_files import make_private, private_dir
 from broker.shells.ssh_errors import is_transient, raise_with
@@ -58,6 +59,11 @@ class LocalAgents:
         self.inbox = inbox
         self.handshake_timeout_s = handshake_timeout_s
         self.lease_s = lease_s
+        self._background = AttachPool(8, self.stop, "local-attach")
+
+    def attach_in_background(self, node: str, slots: int, done: Callable[[Any, BaseException | None], None]) -> None:
+        """:meth:`attach` off the caller's thread, at most 8 at once (:class:`AttachPool`)."""
+        self._background.submit(node, lambda: self.attach(node, slots), done)
 
     def attach(self, node: str, slots: int, expect: tuple = ()) -> AgentClient:
         """``expect``: Runs a previous daemon submitted there (see AgentClient)."""
@@ -83,6 +89,8 @@ class LocalAgents:
             raise
 
     def stop(self, node: str, client: AgentClient | None) -> None:
+        if client is None:
+            self._background.abandon(node)  # an attach under way gives up
         _close_client(client, wait_s=2.0)
         stop_local_agent(agent_dir(self.run_dir, node))
 
