@@ -145,3 +145,30 @@ def test_the_daemon_detects_a_dropped_fake_agent_and_still_runs_each_task_once(t
     assert len(done) == 1000 and set(done.values()) == {1}
     reattached = [fields for _, name, fields in events if name == "agent.reattached"]
     assert [f["node"] for f in reattached] == ["n007"]
+
+
+def test_a_failure_in_one_links_bookkeeping_loses_that_node_only_and_the_hub_goes_on(monkeypatch):
+    inbox: queue.Queue = queue.Queue()
+    with FakeAgents() as fakes:
+        clients = _attach(fakes, 3, inbox)
+
+        def broken(link, message):
+            raise RuntimeError("bookkeeping bug")
+
+        monkeypatch.setattr(clients["n1"], "_on_message", broken)
+        for name, client in clients.items():
+            client.submit([Run(f"{name}-t", 1, ":")])
+        seen = {}
+        while len(seen) < 3:
+            node, event = inbox.get(timeout=10)
+            if isinstance(event, (NodeLost, Result)):
+                seen[node] = event
+        assert isinstance(seen["n1"], NodeLost) and "bookkeeping bug" in seen["n1"].reason
+        assert isinstance(seen["n0"], Result) and isinstance(seen["n2"], Result)
+        clients["n0"].submit([Run("n0-again", 1, ":")])  # the hub still serves the others
+        node, event = inbox.get(timeout=10)
+        while not isinstance(event, Result):
+            node, event = inbox.get(timeout=10)
+        assert (node, event.task) == ("n0", "n0-again")
+        for client in clients.values():
+            client.close()

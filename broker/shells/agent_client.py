@@ -1,7 +1,10 @@
 """The master's side of one worker agent: handshake, batched submits, acks, liveness, re-attach.
 
-Delivery. Each client runs one reader thread that turns the agent's bytes into events and
-puts ``(node_name, event)`` pairs on an *inbox* queue. By default a client owns its inbox
+Delivery. The agent's bytes are turned into events and ``(node_name, event)`` pairs put on
+an *inbox* queue by ONE thread for every client of the process, the agent hub
+(:mod:`broker.shells.agent_hub`: one ``epoll`` set over local pipes, SSH channels and
+sockets, whose timers also send the pings and notice silence); a transport with no
+descriptor to wait on gets a reader thread of its own instead. By default a client owns its inbox
 and :meth:`AgentClient.poll` drains it; the live daemon instead hands one shared
 ``queue.Queue`` to every client and reads the pairs of all nodes from it in one loop.
 
@@ -12,7 +15,7 @@ Events delivered:
   however often it is replayed (a replay of one already acknowledged is re-acknowledged
   here, so a lost Ack cannot make the agent replay it forever);
 - :class:`NodeLost` when the connection fails, the agent breaks the protocol (any bad line:
-  nesting, size, encoding), the reader thread fails for any other reason, or nothing at all
+  nesting, size, encoding), reading fails for any other reason, or nothing at all
   arrives for ``dead_after_s`` (the client pings every ``ping_interval_s`` of
   silence, so a live agent always has something to say);
 - :class:`TaskLost` after a re-attach, for each attempt submitted earlier that the agent
@@ -104,6 +107,10 @@ class _HubWatcher:
     def __init__(self, client: AgentClient, link: _Link) -> None:
         self.client, self.link = client, link
 
+    @property
+    def node(self) -> str:
+        return self.client.node
+
     def hub_data(self, data: bytes, now: float) -> str | None:
         return self.client._on_data(self.link, data, now)
 
@@ -134,7 +141,8 @@ class AgentClient:
 
     The constructor performs the handshake and blocks until the agent's Hello (kept as
     :attr:`hello`) or ``handshake_timeout_s``. Thread-safe: any thread may submit, ack or
-    cancel while the reader thread delivers events.
+    cancel while the hub delivers events. Writes go out in the caller's thread: one write
+    per :meth:`submit` (with the acknowledgements :meth:`ack` held for it).
     """
 
     def __init__(

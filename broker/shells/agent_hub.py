@@ -184,7 +184,7 @@ class AgentHub:
             reason = w.watcher.hub_data(data, time.monotonic())
         except Exception as exc:  # noqa: BLE001 - a failed reader loses its node, never the hub
             reason = f"the reader failed: {type(exc).__name__}: {exc}"
-            log.error("agent.reader_failed", error=reason)
+            log.error("agent.reader_failed", node=getattr(w.watcher, "node", ""), error=reason)
         if reason is not None:
             self._end(w, reason)
 
@@ -201,6 +201,7 @@ class AgentHub:
                 nxt = w.watcher.hub_timer(now)
             except Exception as exc:  # noqa: BLE001 - as in _serve
                 nxt = f"the reader failed: {type(exc).__name__}: {exc}"
+            log.error("agent.reader_failed", node=getattr(w.watcher, "node", ""), error=nxt)
             if isinstance(nxt, str):
                 self._end(w, nxt)
                 continue
@@ -221,4 +222,5 @@ class AgentHub:
         try:
             w.watcher.hub_end(reason)
         except Exception as exc:  # noqa: BLE001
-            log.error("agent.reader_failed", error=f"{type(exc).__name__}: {exc}")
+            log.error("agent.reader_failed", node=getattr(w.watcher, "node", ""),
+                      error=f"{type(exc).__name__}: {exc}")

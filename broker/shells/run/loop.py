@@ -7,8 +7,8 @@ from EC2 (moto in a dry run, :mod:`.actuator`), tasks run on worker agents
 (:mod:`.attempts`), and every transition is written to the run's journal.
 
 Threads. One loop thread (the caller of :meth:`Daemon.run`) owns all state. Everything else
-only puts messages on the loop's inbox queue: each agent client's reader thread
-``(node, Started | Result | NodeLost | TaskLost ...)``, the timers ``(None, Tick | BootDone
+only puts messages on the loop's inbox queue: the agent hub, one thread for every agent
+(:mod:`broker.shells.agent_hub`), ``(node, Started | Result | NodeLost | TaskLost ...)``, the timers ``(None, Tick | BootDone
 | ReleaseDue)``, background attaches ``(None, Attached)`` and the EC2 workers ``(None,
 Ec2Answer)`` (:mod:`.actuator`: launches, terminations and describes never run on the loop).
 A signal handler only sets a flag the loop reads.
