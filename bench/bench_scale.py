@@ -203,6 +203,34 @@ def local_daemon_rate(agents: int, tasks: int) -> float:
     return probe.done / (probe.last[0] - probe.first[0])
 
 
+def local_attach_s(agents: int) -> tuple[float, float]:
+    """Seconds to attach ``agents`` local agents one after another (as the loop did) and in
+    the background (``LocalAgents.attach_in_background``, at most 8 at once)."""
+    from broker.shells.nodes import LocalAgents
+
+    figures = []
+    with tempfile.TemporaryDirectory(prefix="bk-attach-") as root:
+        for mode in ("serial", "background"):
+            local = LocalAgents(Path(root) / mode, queue.Queue())
+            names = [f"a{i}" for i in range(agents)]
+            started = time.perf_counter()
+            if mode == "serial":
+                clients = [local.attach(n, SLOTS) for n in names]
+            else:
+                got: queue.Queue = queue.Queue()
+                for n in names:
+                    local.attach_in_background(n, SLOTS, lambda c, e: got.put((c, e)))
+                clients = [got.get(timeout=120) for _ in names]
+                if any(e is not None for _, e in clients):
+                    raise RuntimeError(f"an attach failed: {[e for _, e in clients if e is not None][0]}")
+                clients = [c for c, _ in clients]
+                names = [c.node for c in clients]  # in the order they answered
+            figures.append(time.perf_counter() - started)
+            for n, c in zip(names, clients):
+                local.stop(n, c)
+    return figures[0], figures[1]
+
+
 def journal_commits_per_s(n: int = 2000) -> float:
     with tempfile.TemporaryDirectory(prefix="bk-journal-") as root:
         bag = _bag(n)
@@ -263,6 +291,9 @@ def main() -> int:
         spawn = spawn_only_rate(":")
         bare = local_dispatch(args.local_agents, SLOTS, args.local_tasks, ":").tasks_per_s
         full = local_daemon_rate(args.local_agents, args.local_tasks)
+        serial_s, background_s = local_attach_s(args.local_agents)
+        print(f"{args.local_agents} local agents attach in {background_s:.2f} s in the background, at most 8 at once "
+              f"({serial_s:.2f} s one after another: {serial_s / background_s:.1f}x)")
         print(f"{args.local_agents} local agents, {args.local_tasks} no-op tasks: spawn-only floor {spawn:,.0f}/s, "
               f"bare agent path {bare:,.0f}/s ({bare / spawn:.2f}x floor), full daemon {full:,.0f}/s "
               f"({full / bare:.2f}x bare)")

@@ -172,3 +172,56 @@ def test_a_failure_in_one_links_bookkeeping_loses_that_node_only_and_the_hub_goe
         assert (node, event.task) == ("n0", "n0-again")
         for client in clients.values():
             client.close()
+
+
+class _Recorder:
+    def __init__(self):
+        self.data: list[bytes] = []
+        self.ended = threading.Event()
+        self.reason = None
+
+    def hub_data(self, data, now):
+        self.data.append(data)
+        return "" if data == b"" else None
+
+    def hub_timer(self, now):
+        return now + 60.0
+
+    def hub_end(self, reason):
+        self.reason = reason
+        self.ended.set()
+
+
+def test_a_link_closed_while_its_descriptor_number_is_reused_still_ends(monkeypatch):
+    """Regression: a transport closed from outside, whose descriptor number a new link took
+    before the hub handled the close, was never ended (its node never reported lost)."""
+    import socket
+
+    from broker.shells.transport import SocketTransport
+
+    hub = AgentHub()
+    a_master, a_peer = socket.socketpair()
+    old, old_watcher = SocketTransport(a_master), _Recorder()
+    hub.watch(old, old_watcher, time.monotonic() + 60)
+    held = []
+    real_post = hub._post
+    monkeypatch.setattr(hub, "_post", held.append)  # the hub sees the close only later
+    old_fd = old.fileno()
+    old.close()
+    b_master, b_peer = socket.socketpair()
+    new, new_watcher = SocketTransport(b_master), _Recorder()
+    assert new.fileno() == old_fd  # the number was reused
+    monkeypatch.setattr(hub, "_post", real_post)
+    hub.watch(new, new_watcher, time.monotonic() + 60)
+    for w in held:
+        real_post(w)
+    assert old_watcher.ended.wait(5), "the old link was never ended"
+    b_peer.sendall(b"hello")
+    deadline = time.monotonic() + 5
+    while not new_watcher.data and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert new_watcher.data == [b"hello"] and not new_watcher.ended.is_set()
+    new.close()
+    assert new_watcher.ended.wait(5)
+    a_peer.close()
+    b_peer.close()

@@ -105,9 +105,8 @@ class AgentHub:
         w = _Watch(transport, watcher, fd)
         transport.on_close = lambda: self._post(w)
         with self._lock:
-            stale = self._by_fd.get(fd)
-            if stale is not None:  # its descriptor was closed and the number reused: it is gone
-                stale.ended = True
+            # A watch still filed under this number had its descriptor closed (the number was
+            # reused): the post its transport's close made still ends it, found by identity.
             self._by_fd[fd] = w
             heapq.heappush(self._timers, (first_due, next(self._seq), w))
             try:
