@@ -99,6 +99,22 @@ class _Link:
         self.first_ping: float | None = None  # when the first ping of the current silence went out
 
 
+_CLOSER: Any = None
+_CLOSER_LOCK = threading.Lock()
+
+
+def _closer() -> Any:
+    """A few threads that close the transports of links that ended (a thousand agents ending
+    together take a handful of threads, not a thousand)."""
+    global _CLOSER
+    with _CLOSER_LOCK:
+        if _CLOSER is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _CLOSER = ThreadPoolExecutor(4, thread_name_prefix="agent-close")
+        return _CLOSER
+
+
 class _HubWatcher:
     """One link as the hub (agent_hub.py) sees it; every call runs on the hub thread."""
 
@@ -133,7 +149,7 @@ class _HubWatcher:
             link.done.set()
 
         self.client._on_end(link, reason)
-        threading.Thread(target=close, name=f"close-{self.client.node}", daemon=True).start()
+        _closer().submit(close)
 
 
 class AgentClient:
