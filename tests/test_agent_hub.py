@@ -13,6 +13,8 @@ import threading
 import time
 from collections import Counter
 
+from structlog.testing import capture_logs
+
 from broker.shells.agent_client import AgentClient, NodeLost
 from broker.shells.agent_hub import AgentHub
 from broker.shells.fake_agents import FakeAgents
@@ -75,7 +77,7 @@ def test_a_dropped_connection_among_hundreds_is_reported_as_that_node_lost():
 
 def test_a_silent_agent_on_the_hub_is_lost_after_dead_after_s(monkeypatch):
     inbox: queue.Queue = queue.Queue()
-    with FakeAgents() as fakes:
+    with FakeAgents() as fakes, capture_logs() as logs:
         clients = _attach(fakes, 3, inbox, ping_interval_s=0.1, dead_after_s=0.4)
         # n1 goes mute: it still reads, but never answers a Ping again.
         fake = next(f for f in fakes._fakes.values() if f.node == "n1")
@@ -87,6 +89,8 @@ def test_a_silent_agent_on_the_hub_is_lost_after_dead_after_s(monkeypatch):
         assert inbox.empty()
         for client in clients.values():
             client.close()
+    assert [e["node"] for e in logs if e["event"] == "agent.lost"] == ["n1"]
+    assert not [e for e in logs if e["event"] == "agent.reader_failed"]  # pings are no failure
 
 
 def test_the_hub_is_one_per_process():

@@ -200,7 +200,7 @@ class AgentHub:
                 nxt = w.watcher.hub_timer(now)
             except Exception as exc:  # noqa: BLE001 - as in _serve
                 nxt = f"the reader failed: {type(exc).__name__}: {exc}"
-            log.error("agent.reader_failed", node=getattr(w.watcher, "node", ""), error=nxt)
+                log.error("agent.reader_failed", node=getattr(w.watcher, "node", ""), error=nxt)
             if isinstance(nxt, str):
                 self._end(w, nxt)
                 continue
