@@ -11,7 +11,8 @@ journal in SQLite, events.jsonl and structlog as ``broker run`` configures them)
 private-only inventory of that many nodes of 4 slots, and prints:
 
 - attach s           from the first attach to the last agent's handshake (bounded concurrency, 8);
-- tasks/s            tasks done per second of wall time, from the first start to the last result;
+- tasks/s            tasks done per second of wall time, from the moment every agent is attached
+                     (the nodes attach in the background) to the last result;
 - master CPU ms/task CPU of every thread but the fake agents' (process CPU minus that
                      thread's own clock), over the same span, per task;
 - decide ms          the decision of a turn (the ledger's snapshot and the controller's decide):
@@ -84,16 +85,18 @@ def _bag(tasks: int) -> Bag:
 
 
 class _Probe:
-    """Times the daemon's turns and decisions, and the span from its first start to its last result."""
+    """Times the daemon's turns and decisions, and the span from the moment its last node is
+    ready (every agent attached: the nodes attach in the background, so tasks start before)
+    to its last result, with the tasks done in that span (``measured``)."""
 
-    def __init__(self, daemon: Daemon, cpu_other, total: int) -> None:  # noqa: ANN001
+    def __init__(self, daemon: Daemon, cpu_other, total: int, nodes: int) -> None:  # noqa: ANN001
         self.decide_ms: list[float] = []
         self.turn_ms: list[float] = []
         self.first: tuple[float, float] | None = None  # (perf_counter, master cpu)
         self.last: tuple[float, float] = (0.0, 0.0)
-        self.done = 0
+        self.done = self.done_before = self.ready = 0
         self.threads = 0
-        decide, turn, start, result = daemon._decide, daemon._turn, daemon._start_attempts, daemon._on_result
+        decide, turn, ready, result = daemon._decide, daemon._turn, daemon._mark_ready, daemon._on_result
         new_ledger, controller_decide = daemon._new_ledger, daemon.controller.decide
         spent = [0.0]  # ms in the snapshot and the controller during this _decide
 
@@ -126,10 +129,11 @@ class _Probe:
             self.turn_ms.append(1000 * (time.perf_counter() - t))
             self.threads = max(self.threads, threading.active_count())
 
-        def first_start(starts):  # noqa: ANN001, ANN202
-            if self.first is None:
-                self.first = (time.perf_counter(), cpu())
-            return start(starts)
+        def all_ready(node_id):  # noqa: ANN001, ANN202
+            ready(node_id)
+            self.ready += 1
+            if self.ready == nodes:
+                self.first, self.done_before = (time.perf_counter(), cpu()), self.done
 
         def on_result(node, r):  # noqa: ANN001, ANN202
             changed = result(node, r)
@@ -138,8 +142,12 @@ class _Probe:
                 self.last = (time.perf_counter(), cpu())
             return changed
 
-        daemon._decide, daemon._turn, daemon._start_attempts, daemon._on_result = (
-            timed_decide, timed_turn, first_start, on_result)
+        daemon._decide, daemon._turn, daemon._mark_ready, daemon._on_result = (
+            timed_decide, timed_turn, all_ready, on_result)
+
+    @property
+    def measured(self) -> int:
+        return self.done - self.done_before
 
 
 def run_daemon(inventory: Inventory, bag: Bag, nodes_for, cpu_other=lambda: 0.0) -> tuple[Daemon, _Probe]:  # noqa: ANN001
@@ -159,7 +167,7 @@ def run_daemon(inventory: Inventory, bag: Bag, nodes_for, cpu_other=lambda: 0.0)
                     daemon = Daemon(inventory, bag, Goal(), DaemonOptions(run_dir=run_dir, run_id="scale", tick_s=60.0),
                                     journal=journal, clock=clock, fleet=None, nodes=nodes_for(inbox, run_dir),
                                     inbox=inbox, config=ControllerConfig(tick_s=60.0, margin_s=120.0))
-                    probe = _Probe(daemon, cpu_other, len(bag.tasks))
+                    probe = _Probe(daemon, cpu_other, len(bag.tasks), len(inventory.private))
                     report = daemon.run()
             finally:
                 configure_logging(level="warning", stream=sys.stderr)
@@ -185,7 +193,7 @@ def fake_row(agents: int, tasks: int) -> Row:
         nodes: FakeNodes = holder["nodes"]
         nodes.pool.shutdown()
         (t0, c0), (t1, c1) = probe.first, probe.last
-        return Row(agents, tasks, probe.done, nodes.last_at - (nodes.first_at or nodes.last_at), t1 - t0, c1 - c0,
+        return Row(agents, tasks, probe.measured, nodes.last_at - (nodes.first_at or nodes.last_at), t1 - t0, c1 - c0,
                    probe.decide_ms, probe.turn_ms, probe.threads)
 
 
@@ -200,7 +208,7 @@ def local_daemon_rate(agents: int, tasks: int) -> float:
         return RunNodes(inventory, local=LocalAgents(run_dir, inbox))
 
     _, probe = run_daemon(inventory, _bag(tasks), nodes_for)
-    return probe.done / (probe.last[0] - probe.first[0])
+    return probe.measured / (probe.last[0] - probe.first[0])
 
 
 def local_attach_s(agents: int) -> tuple[float, float]:
