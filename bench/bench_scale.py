@@ -176,7 +176,21 @@ def run_daemon(inventory: Inventory, bag: Bag, nodes_for, cpu_other=lambda: 0.0)
         return daemon, probe
 
 
-def fake_row(agents: int, tasks: int) -> Row:
+def fake_row(agents: int, tasks: int, reader_threads: bool = False) -> Row:
+    """One row; ``reader_threads``: every client reads its agent on a thread of its own, as
+    before the hub (the transports are kept from the hub), for comparison."""
+    from broker.shells.agent_hub import AgentHub
+
+    can_watch = AgentHub.can_watch
+    if reader_threads:
+        AgentHub.can_watch = staticmethod(lambda transport: False)
+    try:
+        return _fake_row(agents, tasks)
+    finally:
+        AgentHub.can_watch = can_watch
+
+
+def _fake_row(agents: int, tasks: int) -> Row:
     with FakeAgents() as fakes:
         clock_id = time.pthread_getcpuclockid(fakes._thread.ident)
 
@@ -265,6 +279,8 @@ def main() -> int:
     parser.add_argument("--local-agents", type=int, default=16)
     parser.add_argument("--local-tasks", type=int, default=5000)
     parser.add_argument("--no-local", action="store_true", help="skip the 16 local agents' comparison")
+    parser.add_argument("--compare-threads", action="store_true",
+                        help="also run each row with a reader thread per agent (the design before the hub)")
     args = parser.parse_args()
     print(f"python3 {' '.join(sys.argv)}")
     print(f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}, "
@@ -274,11 +290,14 @@ def main() -> int:
           f"{'decide ms p50/p95':>17} {'turn ms p50':>11} {'threads':>7}")
     rows = []
     for agents in (int(a) for a in args.agents.split(",")):
-        r = fake_row(agents, args.tasks)
-        rows.append(r)
-        p95 = statistics.quantiles(r.decide_ms, n=20)[-1] if len(r.decide_ms) > 1 else r.decide_ms[0]
-        print(f"{r.agents:>6} {r.done:>6} {r.attach_s:>8.2f} {r.tasks_per_s:>8,.0f} {r.cpu_ms_per_task:>18.3f} "
-              f"{statistics.median(r.decide_ms):>8.2f}/{p95:<8.2f} {statistics.median(r.turn_ms):>11.2f} {r.threads:>7}")
+        for threads in (False, True) if args.compare_threads else (False,):
+            r = fake_row(agents, args.tasks, reader_threads=threads)
+            if not threads:
+                rows.append(r)
+            p95 = statistics.quantiles(r.decide_ms, n=20)[-1] if len(r.decide_ms) > 1 else r.decide_ms[0]
+            print(f"{r.agents:>6} {r.done:>6} {r.attach_s:>8.2f} {r.tasks_per_s:>8,.0f} {r.cpu_ms_per_task:>18.3f} "
+                  f"{statistics.median(r.decide_ms):>8.2f}/{p95:<8.2f} {statistics.median(r.turn_ms):>11.2f} "
+                  f"{r.threads:>7}{'  (a reader thread per agent)' if threads else ''}")
     big = max(rows, key=lambda r: r.agents)
     goals = [
         (f"{big.agents} agents attach in 10 s or less", big.attach_s <= 10.0, f"{big.attach_s:.2f} s"),
