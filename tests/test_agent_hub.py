@@ -229,3 +229,39 @@ def test_a_link_closed_while_its_descriptor_number_is_reused_still_ends(monkeypa
     assert new_watcher.ended.wait(5)
     a_peer.close()
     b_peer.close()
+
+
+def test_an_agent_whose_descriptors_are_past_1024_is_served(tmp_path):
+    """Regression: the transports waited with select(), which refuses descriptors past 1,023:
+    a master with a thousand agents (two or more descriptors each) lost every later one."""
+    import os
+    import resource
+
+    from broker.shells.local_transport import attach_local_agent, stop_local_agent
+    from broker.shells.transport import wait_readable
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        transport = attach_local_agent(tmp_path / "agent", 1)
+        assert transport.fileno() > 1024
+        r, w = os.pipe()  # a wait on a high descriptor (a transport read by a thread of its own)
+        filler += [r, w]
+        assert wait_readable([r], 0.05) == []
+        os.write(w, b"x")
+        assert wait_readable([r], 5.0) == [r]
+        client = AgentClient(transport, "high")
+        client.submit([Run("t", 1, "true")])
+        events = client.poll(timeout_s=30)
+        while not any(isinstance(e, Result) for e in events):
+            events += client.poll(timeout_s=30)
+        assert [e.ok for e in events if isinstance(e, Result)] == [True]
+        client.shutdown()
+        client.wait_closed(10)
+        client.close()
+    finally:
+        for fd in filler:
+            os.close(fd)
+        stop_local_agent(tmp_path / "agent")

@@ -13,7 +13,6 @@ releases the file descriptors, so no thread ever reads a descriptor number reuse
 from __future__ import annotations
 
 import os
-import select
 import subprocess
 import sys
 import threading
@@ -21,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import workers
-from broker.shells.transport import TransportClosed
+from broker.shells.transport import TransportClosed, wait_readable
 
 AGENT_SCRIPT = Path(workers.__file__).parent / "agent.py"
 CLOSE_GRACE_S = 2.0
@@ -36,6 +35,7 @@ class LocalTransport:
         self.process = process
         self._in_fd = process.stdin.fileno()
         self._out_fd = process.stdout.fileno()
+        os.set_blocking(self._out_fd, False)  # our end only: a read never waits (recv polls first)
         self._wake_r, self._wake_w = os.pipe()
         self._send_lock = threading.Lock()
         self._recv_lock = threading.Lock()
@@ -82,13 +82,14 @@ class LocalTransport:
         with self._recv_lock:
             if self._closed or self._eof:
                 return b""
-            readable, _, _ = select.select([self._out_fd, self._wake_r], [], [], timeout_s)
+            if timeout_s != 0.0 and not wait_readable([self._out_fd, self._wake_r], timeout_s):
+                return None  # (timeout 0, the agent hub's call once epoll said readable: no wait)
             if self._closed:
                 return b""
-            if not readable:
-                return None
             try:
                 data = os.read(self._out_fd, max_bytes)
+            except BlockingIOError:
+                return None
             except OSError:
                 data = b""
             self._eof = not data

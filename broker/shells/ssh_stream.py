@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import threading
 import time
 from collections import deque
@@ -12,7 +11,7 @@ from collections.abc import Callable
 
 import paramiko
 
-from broker.shells.transport import TransportClosed
+from broker.shells.transport import TransportClosed, wait_readable
 
 _STDERR_TAIL_BYTES = 64 * 1024
 
@@ -74,7 +73,7 @@ class SshTransport:
                 remaining_s = None if deadline is None else deadline - time.monotonic()
                 if remaining_s is not None and remaining_s <= 0:
                     return None
-                select.select([self._ready_fd, self._wake_r], [], [], remaining_s)
+                wait_readable([self._ready_fd, self._wake_r], remaining_s)
             return b""
 
     def close(self) -> None:
