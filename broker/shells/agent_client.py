@@ -1,7 +1,10 @@
 """The master's side of one worker agent: handshake, batched submits, acks, liveness, re-attach.
 
-Delivery. Each client runs one reader thread that turns the agent's bytes into events and
-puts ``(node_name, event)`` pairs on an *inbox* queue. By default a client owns its inbox
+Delivery. The agent's bytes are turned into events and ``(node_name, event)`` pairs put on
+an *inbox* queue by ONE thread for every client of the process, the agent hub
+(:mod:`broker.shells.agent_hub`: one ``epoll`` set over local pipes, SSH channels and
+sockets, whose timers also send the pings and notice silence); a transport with no
+descriptor to wait on gets a reader thread of its own instead. By default a client owns its inbox
 and :meth:`AgentClient.poll` drains it; the live daemon instead hands one shared
 ``queue.Queue`` to every client and reads the pairs of all nodes from it in one loop.
 
@@ -12,7 +15,7 @@ Events delivered:
   however often it is replayed (a replay of one already acknowledged is re-acknowledged
   here, so a lost Ack cannot make the agent replay it forever);
 - :class:`NodeLost` when the connection fails, the agent breaks the protocol (any bad line:
-  nesting, size, encoding), the reader thread fails for any other reason, or nothing at all
+  nesting, size, encoding), reading fails for any other reason, or nothing at all
   arrives for ``dead_after_s`` (the client pings every ``ping_interval_s`` of
   silence, so a live agent always has something to say);
 - :class:`TaskLost` after a re-attach, for each attempt submitted earlier that the agent
@@ -35,6 +38,7 @@ from typing import Any
 
 import structlog
 
+from broker.shells.agent_hub import AgentHub
 from broker.shells.transport import Transport, TransportClosed
 from workers.protocol import (
     NEED_DATA,
@@ -92,6 +96,61 @@ class _Link:
         self.shutting_down = False  # Shutdown sent: the agent ending the stream is expected
         self.suspects: set[Key] = set()
         self.replay_left = 0
+        self.last_heard = self.next_ping = 0.0  # time.monotonic(), set when the link opens
+        self.first_ping: float | None = None  # when the first ping of the current silence went out
+
+
+_CLOSER: Any = None
+_CLOSER_LOCK = threading.Lock()
+
+
+def _closer() -> Any:
+    """A few threads that close the transports of links that ended (a thousand agents ending
+    together take a handful of threads, not a thousand)."""
+    global _CLOSER
+    with _CLOSER_LOCK:
+        if _CLOSER is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _CLOSER = ThreadPoolExecutor(4, thread_name_prefix="agent-close")
+        return _CLOSER
+
+
+class _HubWatcher:
+    """One link as the hub (agent_hub.py) sees it; every call runs on the hub thread."""
+
+    __slots__ = ("client", "link")
+
+    def __init__(self, client: AgentClient, link: _Link) -> None:
+        self.client, self.link = client, link
+
+    @property
+    def node(self) -> str:
+        return self.client.node
+
+    def hub_data(self, data: bytes, now: float) -> str | None:
+        return self.client._on_data(self.link, data, now)
+
+    def hub_timer(self, now: float) -> float | str:
+        return self.client._on_timer(self.link, now)
+
+    def hub_end(self, reason: str) -> None:
+        link = self.link
+        if link.transport.closed:
+            link.transport.close()
+            self.client._on_end(link, reason)
+            link.done.set()
+            return
+
+        def close() -> None:  # a local bridge is waited for: not on the hub thread
+            try:
+                link.transport.close()
+            except Exception:  # noqa: BLE001 - closing what is already broken
+                pass
+            link.done.set()
+
+        self.client._on_end(link, reason)
+        _closer().submit(close)
 
 
 class AgentClient:
@@ -99,7 +158,8 @@ class AgentClient:
 
     The constructor performs the handshake and blocks until the agent's Hello (kept as
     :attr:`hello`) or ``handshake_timeout_s``. Thread-safe: any thread may submit, ack or
-    cancel while the reader thread delivers events.
+    cancel while the hub delivers events. Writes go out in the caller's thread: one write
+    per :meth:`submit` (with the acknowledgements :meth:`ack` held for it).
     """
 
     def __init__(
@@ -130,6 +190,7 @@ class AgentClient:
         self._started_seen: set[Key] = set()
         self._acked: set[Key] = set()
         self._ping_seq = 0
+        self._held: list[Ack] = []  # acknowledgements waiting for the turn's write (ack(hold=True))
         self.heard_at = time.monotonic()  # when the agent last said anything (time.monotonic)
         self._link: _Link
         self._open(transport)
@@ -149,12 +210,22 @@ class AgentClient:
         with self._lock:
             self._send_locked([Cancel(task, attempt) for task, attempt in keys])
 
-    def ack(self, keys: Iterable[Key]) -> None:
-        """Confirm Results recorded by the master; the agent may then forget them."""
+    def ack(self, keys: Iterable[Key], *, hold: bool = False) -> None:
+        """Confirm Results recorded by the master; the agent may then forget them. ``hold``:
+        send them with the next write to this agent (the turn's new work, :meth:`flush`)."""
         with self._lock:
             acks = [Ack(task, attempt) for task, attempt in keys]
             self._acked.update(key_of(a) for a in acks)
-            self._send_locked(acks)
+            if hold and not self._link.stopped:
+                self._held += acks
+            else:
+                self._send_locked(acks)
+
+    def flush(self) -> None:
+        """Send what :meth:`ack` holds, if nothing carried it yet."""
+        with self._lock:
+            if self._held and not self._link.stopped:
+                self._send_locked([])
 
     def shutdown(self, drain: bool = True) -> None:
         """Ask the agent to stop (after its tasks if ``drain``); see :meth:`wait_closed`."""
@@ -198,19 +269,25 @@ class AgentClient:
 
     def close(self) -> None:
         """Drop the connection on purpose (no NodeLost). The agent keeps running."""
+        self.flush()
         self._retire(self._link)
 
     # ----------------------------------------------------------------- connection
 
     def _open(self, transport: Transport) -> None:
         link = self._link = _Link(transport)
-        reader = threading.Thread(target=self._read_loop, args=(link,), name=f"agent-{self.node}", daemon=True)
+        now = time.monotonic()
+        link.last_heard, link.next_ping = now, now + self.ping_interval_s
+        hub = AgentHub.shared() if AgentHub.can_watch(transport) else None
         try:
             transport.send(link.conn.send(Hello(role="master", node=self.node)))
         except TransportClosed as exc:
             transport.close()
             raise HandshakeError(f"{self.node}: the transport closed before the handshake: {exc}") from exc
-        reader.start()
+        if hub is not None:  # one I/O thread for every agent (agent_hub.py)
+            hub.watch(transport, _HubWatcher(self, link), link.next_ping)
+        else:  # a transport with nothing to wait on: a reader thread of its own
+            threading.Thread(target=self._read_loop, args=(link,), name=f"agent-{self.node}", daemon=True).start()
         if not link.greeted.wait(self.handshake_timeout_s):
             self._retire(link)
             raise HandshakeError(f"{self.node}: no Hello from the agent within {self.handshake_timeout_s:g} s")
@@ -237,6 +314,8 @@ class AgentClient:
             link = self._link
             if link.stopped:
                 raise TransportClosed(f"the client for {self.node} is closed")
+            if self._held:  # acknowledgements and new work in one write
+                messages, self._held = [*self._held, *messages], []
         if link.stopped or not messages:
             return
         data = link.conn.send_all(messages)
@@ -246,11 +325,20 @@ class AgentClient:
             pass  # the reader reports NodeLost; a re-attach reconciles what was in flight
 
     def _read_loop(self, link: _Link) -> None:
-        """The reader thread. However it ends (the stream closed, a protocol error, or any
-        exception at all in reading or bookkeeping), its node is reported lost unless the
-        end was expected: a dead reader must never leave a node's attempts hanging."""
+        """The reader thread of a transport the hub cannot watch: the same steps as the hub's
+        (:meth:`_on_data`, :meth:`_on_timer`, :meth:`_on_end`), waiting in ``recv``."""
+        reason: str | None = None
         try:
-            reason = self._read_until_lost(link)
+            while reason is None and not link.stopped:
+                due = self._on_timer(link, time.monotonic())
+                if isinstance(due, str):
+                    reason = due
+                    break
+                data = link.transport.recv(1 << 18, timeout_s=max(0.0, due - time.monotonic()))
+                if data is not None:
+                    reason = self._on_data(link, data, time.monotonic())
+        except (TransportClosed, OSError) as exc:
+            reason = f"the transport failed: {exc}"
         except BaseException as exc:  # noqa: BLE001 - reported as the node lost, below
             reason = f"the reader failed: {type(exc).__name__}: {exc}"
             log.error("agent.reader_failed", node=self.node, error=reason)
@@ -258,62 +346,63 @@ class AgentClient:
             link.transport.close()
         except Exception:  # noqa: BLE001 - closing what is already broken
             pass
+        self._on_end(link, reason or "")
+        link.done.set()
+
+    def _on_timer(self, link: _Link, now: float) -> float | str:
+        """Ping after ``ping_interval_s`` of silence; the next due time, or why the link is lost.
+
+        Silence is a loss only once a ping has gone unanswered for ``dead_after_s -
+        ping_interval_s`` too: if the reader itself was held up past ``dead_after_s`` (a
+        loaded machine, a suspended laptop), the agent is asked before it is blamed. Bytes
+        that arrived meanwhile were read first (the hub serves readable links before timers).
+        """
+        if link.stopped:
+            return ""
+        lost_at = link.last_heard + self.dead_after_s
+        if link.first_ping is not None:
+            lost_at = max(lost_at, link.first_ping + self.dead_after_s - self.ping_interval_s)
+            if now >= lost_at:
+                return f"silent for {self.dead_after_s:g} s"
+        if now >= link.next_ping or now >= lost_at:
+            with self._lock:
+                self._ping_seq += 1
+                self._send_locked([Ping(self._ping_seq)], link)
+            link.first_ping = now if link.first_ping is None else link.first_ping
+            link.next_ping = now + self.ping_interval_s
+            lost_at = max(link.last_heard + self.dead_after_s, link.first_ping + self.dead_after_s - self.ping_interval_s)
+        return min(link.next_ping, lost_at)
+
+    def _on_data(self, link: _Link, data: bytes, now: float) -> str | None:
+        """Feed bytes to the protocol; None to go on, else why the link ended ("" if expected)."""
+        if not data:
+            link.conn.receive_data(b"")
+        else:
+            link.last_heard, link.first_ping = now, None
+            self.heard_at = now
+            link.next_ping = now + self.ping_interval_s
+            link.conn.receive_data(data)
+        while True:
+            try:
+                event = link.conn.next_event()
+            except RemoteProtocolError as exc:
+                return f"the agent broke the protocol: {exc}"
+            if event is NEED_DATA:
+                return None
+            if isinstance(event, ConnectionClosed):
+                return "" if link.stopped or link.shutting_down else "the agent closed the connection"
+            self._on_message(link, event)
+
+    def _on_end(self, link: _Link, reason: str) -> None:
+        """However a link ends (the stream closed, a protocol error, or any exception at all in
+        reading or bookkeeping), its node is reported lost unless the end was expected: a dead
+        reader must never leave a node's attempts hanging."""
         if not link.greeted.is_set():
             link.error = reason or "the connection closed during the handshake"
             link.greeted.set()
-        elif reason is not None and not link.stopped and link is self._link:
+        elif reason and not link.stopped and link is self._link:
             log.warning("agent.lost", node=self.node, reason=reason)
             self.inbox.put((self.node, NodeLost(self.node, reason)))
-        link.done.set()
-
-    def _read_until_lost(self, link: _Link) -> str | None:
-        """Feed the protocol until the stream ends; None if that was expected, else why.
-
-        Silence is a loss only once a ping has gone unanswered for ``dead_after_s -
-        ping_interval_s`` too: if this thread itself was held up past ``dead_after_s`` (a
-        loaded machine, a suspended laptop), the agent is asked before it is blamed.
-        """
-        last_heard = time.monotonic()
-        next_ping = last_heard + self.ping_interval_s
-        first_ping: float | None = None  # when the first ping of the current silence went out
-        patience_s = self.dead_after_s - self.ping_interval_s
-        while not link.stopped:
-            lost_at = last_heard + self.dead_after_s
-            if first_ping is not None:
-                lost_at = max(lost_at, first_ping + patience_s)
-            wait_s = min(next_ping, lost_at) - time.monotonic()
-            try:
-                data = link.transport.recv(1 << 18, timeout_s=max(0.0, wait_s))
-                now = time.monotonic()
-                if data is None and first_ping is not None and now >= lost_at:
-                    data = link.transport.recv(1 << 18, timeout_s=0.0)  # what came while we were held up
-                    if data is None:
-                        return f"silent for {self.dead_after_s:g} s"
-            except (TransportClosed, OSError) as exc:
-                return f"the transport failed: {exc}"
-            if data is None:
-                if now >= next_ping or now >= lost_at:
-                    with self._lock:
-                        self._ping_seq += 1
-                        self._send_locked([Ping(self._ping_seq)], link)
-                    first_ping = now if first_ping is None else first_ping
-                    next_ping = now + self.ping_interval_s
-                continue
-            last_heard, first_ping = now, None
-            self.heard_at = now
-            next_ping = now + self.ping_interval_s
-            link.conn.receive_data(data)
-            while True:
-                try:
-                    event = link.conn.next_event()
-                except RemoteProtocolError as exc:
-                    return f"the agent broke the protocol: {exc}"
-                if event is NEED_DATA:
-                    break
-                if isinstance(event, ConnectionClosed):
-                    return None if link.stopped or link.shutting_down else "the agent closed the connection"
-                self._on_message(link, event)
-        return None
 
     # ----------------------------------------------------------------- bookkeeping
 

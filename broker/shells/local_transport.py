@@ -13,15 +13,14 @@ releases the file descriptors, so no thread ever reads a descriptor number reuse
 from __future__ import annotations
 
 import os
-import select
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import workers
-from broker.shells.transport import TransportClosed
+from broker.shells.transport import TransportClosed, wait_readable
 
 AGENT_SCRIPT = Path(workers.__file__).parent / "agent.py"
 CLOSE_GRACE_S = 2.0
@@ -36,11 +35,13 @@ class LocalTransport:
         self.process = process
         self._in_fd = process.stdin.fileno()
         self._out_fd = process.stdout.fileno()
+        os.set_blocking(self._out_fd, False)  # our end only: a read never waits (recv polls first)
         self._wake_r, self._wake_w = os.pipe()
         self._send_lock = threading.Lock()
         self._recv_lock = threading.Lock()
         self._closed = False
         self._eof = False
+        self.on_close: Callable[[], None] | None = None  # told before the descriptors go (agent_hub.py)
 
     @classmethod
     def spawn(
@@ -62,6 +63,10 @@ class LocalTransport:
     def closed(self) -> bool:
         return self._closed
 
+    def fileno(self) -> int:
+        """The descriptor readable when the agent has said something (or the stream ended)."""
+        return self._out_fd
+
     def send(self, data: bytes) -> None:
         with self._send_lock:
             if self._closed:
@@ -77,13 +82,14 @@ class LocalTransport:
         with self._recv_lock:
             if self._closed or self._eof:
                 return b""
-            readable, _, _ = select.select([self._out_fd, self._wake_r], [], [], timeout_s)
+            if timeout_s != 0.0 and not wait_readable([self._out_fd, self._wake_r], timeout_s):
+                return None  # (timeout 0, the agent hub's call once epoll said readable: no wait)
             if self._closed:
                 return b""
-            if not readable:
-                return None
             try:
                 data = os.read(self._out_fd, max_bytes)
+            except BlockingIOError:
+                return None
             except OSError:
                 data = b""
             self._eof = not data
@@ -96,6 +102,8 @@ class LocalTransport:
                 return
             self._closed = True
         os.write(self._wake_w, b"x")
+        if self.on_close is not None:
+            self.on_close()
         try:
             self.process.stdin.close()  # type: ignore[union-attr]
         except OSError:

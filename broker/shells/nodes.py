@@ -16,11 +16,9 @@
 
 from __future__ import annotations
 
-import os
 import posixpath
 import queue
 import shlex
-import shutil
 import threading
 import time
 from dataclasses import replace
@@ -32,8 +30,10 @@ import structlog
 from broker.config.aws import AwsSettings
 from broker.core.model import PrivateNode
 from broker.shells.agent_client import AgentClient
+from broker.shells.attach_pool import AttachPool
 from broker.shells.local_transport import attach_local_agent, stop_local_agent
-from broker.shells.private_files import make_private, private_dir
+from broker.shells.node_files import fetch_local, fetch_over_ssh
+from broker.shells.private_files import private_dir
 from broker.shells.ssh_errors import is_transient, raise_with
 
 log = structlog.get_logger()
@@ -61,6 +61,12 @@ class LocalAgents:
         self.lease_s = lease_s
         self.spot_metadata_of: Callable[[str], str] | None = None  # a dry run's fake metadata URL per instance
         self.spot_poll_s: float | None = None
+        self._background = AttachPool(8, self.stop, "local-attach")
+
+    def attach_in_background(self, node: str, slots: int, done: Callable[[Any, BaseException | None], None],
+                             spot: bool = False) -> None:
+        """:meth:`attach` off the caller's thread, at most 8 at once (:class:`AttachPool`)."""
+        self._background.submit(node, lambda: self.attach(node, slots, spot=spot), done)
 
     def _spot_options(self, node: str, spot: bool) -> dict[str, Any]:
         ok = spot and self.spot_metadata_of is not None
@@ -91,6 +97,8 @@ class LocalAgents:
             raise
 
     def stop(self, node: str, client: AgentClient | None) -> None:
+        if client is None:
+            self._background.abandon(node)  # an attach under way gives up
         _close_client(client, wait_s=2.0)
         stop_local_agent(agent_dir(self.run_dir, node))
 
@@ -284,60 +292,6 @@ def node_agent_options(node: PrivateNode) -> tuple[str, ...]:
 def remote_state_dir(run_id: str, node: str, remote_root: str = REMOTE_AGENT_ROOT) -> str:
     """The agent's state directory for ``node`` of run ``run_id``, as a remote shell word."""
     return remote_path(remote_root, f"runs/{run_id}/{node}")
-
-
-def fetch_local(workdir: str | None, path: str, dest: Path, env: Mapping[str, str]) -> list[Path]:
-    """Copy ``path`` (relative to ``workdir``, both expanded as the agent does) into ``dest``."""
-    from workers.agent import expand_path
-
-    full_env = {**os.environ, **env}
-    base = os.environ.get("HOME") or "/"
-    if workdir:
-        base, unset = expand_path(workdir, full_env)
-        if unset:
-            raise FileNotFoundError(f"workdir {workdir} names {', '.join('$' + n for n in unset)}, which is not set")
-    source = Path(base, expand_path(path, full_env)[0])
-    if not source.exists():
-        raise FileNotFoundError(f"{source} does not exist")
-    target = Path(dest) / (source.name or "output")
-    private_dir(target.parent)
-    if source.is_dir():
-        shutil.copytree(source, target, dirs_exist_ok=True)
-        make_private(target)  # copytree gives the copies their source's modes
-        return sorted(p for p in target.rglob("*") if p.is_file())
-    shutil.copy2(source, target)
-    make_private(target)
-    return [target]
-
-
-def fetch_over_ssh(session: Any, node: str, workdir: str | None, path: str, dest: Path,
-                   env: Mapping[str, str]) -> list[Path]:
-    """Fetch ``path`` (relative to ``workdir``, which the node's shell expands with the
-    bag's ``env``, as the agent does) from ``node`` over SFTP into ``dest``."""
-    if session is None or not session.alive:
-        raise ConnectionError(f"no SSH connection to {node} to fetch outputs over")
-    if not (path.startswith("/") or path == "~" or path.startswith("~/")):
-        exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
-        where = f"cd {_shell_word(workdir)} && " if workdir else ""
-        resolved = session.run(f"{exports}{where}pwd -P", timeout_s=30.0)
-        if resolved.exit_code != 0 or not resolved.stdout.strip():
-            raise FileNotFoundError(f"cannot enter the working directory {workdir} on {node}: "
-                                    f"{resolved.stderr.strip() or f'exit code {resolved.exit_code}'}")
-        path = posixpath.join(resolved.stdout.strip().splitlines()[-1], path)
-    files = session.fetch(path, dest)
-    make_private(dest)
-    return files
-
-
-def _shell_word(path: str) -> str:
-    """``path`` as one shell word in which ``~`` (leading) and ``$VAR`` expand, nothing else."""
-    head = ""
-    if path == "~":
-        return "~"
-    if path.startswith("~/"):
-        head, path = "~/", path[2:]
-    escaped = path.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
-    return f'{head}"{escaped}"'
 
 
 def remote_path(root: str, rest: str) -> str:

@@ -27,7 +27,6 @@ import contextlib
 import getpass
 import os
 import posixpath
-import select
 import shlex
 import socket
 import stat
@@ -41,6 +40,7 @@ import paramiko
 import structlog
 
 from broker.core.model import PrivateNode
+from broker.shells.transport import wait_readable
 from broker.shells.ssh_errors import (  # noqa: F401 - re-exported
     AuthenticationFailed,
     HostKeyChanged,
@@ -337,7 +337,7 @@ class SshSession:
                     raise RemoteCommandTimeout(
                         f"command on {self.target.address} did not finish within {timeout_s:g} s"
                     )
-                select.select([ready_fd], [], [], remaining_s)
+                wait_readable([ready_fd], remaining_s)  # poll: past 1,024 descriptors too
             # Whatever arrived just before end-of-file is still buffered.
             while channel.recv_ready():
                 stdout += channel.recv(65536)

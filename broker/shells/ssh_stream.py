@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 import paramiko
 
-from broker.shells.transport import TransportClosed
+from broker.shells.transport import TransportClosed, wait_readable
 
 _STDERR_TAIL_BYTES = 64 * 1024
 
@@ -38,6 +38,11 @@ class SshTransport:
         self._stderr_lock = threading.Lock()
         self._stderr_tail: deque[bytes] = deque()
         self._stderr_bytes = 0
+        self.on_close: Callable[[], None] | None = None  # told before the descriptors go (agent_hub.py)
+
+    def fileno(self) -> int:
+        """Readable when the channel has stdout or stderr data, or has ended (paramiko's pipe)."""
+        return self._ready_fd
 
     def send(self, data: bytes) -> None:
         if self._closed:
@@ -68,7 +73,7 @@ class SshTransport:
                 remaining_s = None if deadline is None else deadline - time.monotonic()
                 if remaining_s is not None and remaining_s <= 0:
                     return None
-                select.select([self._ready_fd, self._wake_r], [], [], remaining_s)
+                wait_readable([self._ready_fd, self._wake_r], remaining_s)
             return b""
 
     def close(self) -> None:
@@ -77,6 +82,8 @@ class SshTransport:
                 return
             self._closed = True
         os.write(self._wake_w, b"x")
+        if self.on_close is not None:
+            self.on_close()
         with self._recv_lock:  # no recv is polling the descriptors any more
             with contextlib.suppress(Exception):
                 self._channel.close()

@@ -30,3 +30,76 @@ class Transport(Protocol):
 
     @property
     def closed(self) -> bool: ...
+
+
+class SocketTransport:
+    """The contract over a connected stream socket (one end of ``socket.socketpair()``): what
+    the benchmarks and tests use for in-process fake agents (:mod:`broker.shells.fake_agents`).
+    Watched by the agent hub like a pipe (``fileno``, ``on_close``)."""
+
+    def __init__(self, sock) -> None:  # noqa: ANN001 - a socket.socket
+        import threading
+
+        self._sock = sock
+        self._sock.setblocking(False)
+        self._lock = threading.Lock()
+        self._closed = False
+        self.on_close = None  # told before the descriptor goes (agent_hub.py)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def send(self, data: bytes) -> None:
+        view = memoryview(data)
+        with self._lock:
+            while view:
+                if self._closed:
+                    raise TransportClosed("the socket transport is closed")
+                try:
+                    view = view[self._sock.send(view):]
+                except BlockingIOError:
+                    wait_readable([self._sock.fileno()], 1.0, write=True)
+                except OSError as exc:
+                    raise TransportClosed(f"the peer is gone: {exc}") from exc
+
+    def recv(self, max_bytes: int = 65536, timeout_s: float | None = None) -> bytes | None:
+        if self._closed:
+            return b""
+        if timeout_s != 0.0 and not wait_readable([self._sock.fileno()], timeout_s):
+            return None
+        try:
+            return self._sock.recv(max_bytes)
+        except BlockingIOError:
+            return None
+        except OSError:
+            return b""
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self.on_close is not None:
+            self.on_close()
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+
+def wait_readable(fds: list[int], timeout_s: float | None, write: bool = False) -> list[int]:
+    """The descriptors of ``fds`` ready to read (``write``: to write) within ``timeout_s``
+    (``None``: forever). ``poll``, not ``select``: a master with a thousand agents holds
+    descriptors past select's limit of 1024."""
+    import select
+
+    poller = select.poll()
+    mask = select.POLLOUT if write else select.POLLIN | select.POLLPRI
+    for fd in fds:
+        poller.register(fd, mask)
+    ms = None if timeout_s is None else max(0, int(timeout_s * 1000 + 0.999))
+    return [fd for fd, _ in poller.poll(ms)]

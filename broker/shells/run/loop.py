@@ -7,8 +7,8 @@ from EC2 (moto in a dry run, :mod:`.actuator`), tasks run on worker agents
 (:mod:`.attempts`), and every transition is written to the run's journal.
 
 Threads. One loop thread (the caller of :meth:`Daemon.run`) owns all state. Everything else
-only puts messages on the loop's inbox queue: each agent client's reader thread
-``(node, Started | Result | NodeLost | TaskLost ...)``, the timers ``(None, Tick | BootDone
+only puts messages on the loop's inbox queue: the agent hub, one thread for every agent
+(:mod:`broker.shells.agent_hub`), ``(node, Started | Result | NodeLost | TaskLost ...)``, the timers ``(None, Tick | BootDone
 | ReleaseDue)``, background attaches ``(None, Attached)`` and the EC2 workers ``(None,
 Ec2Answer)`` (:mod:`.actuator`: launches, terminations and describes never run on the loop).
 A signal handler only sets a flag the loop reads.
@@ -257,7 +257,9 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin, SpotMixin):
         for node, keys in acks.items():  # an ack means "durably recorded": once the turn committed
             client = self.clients.get(node)
             if client is not None:
-                self.journal.after_commit(lambda n=node, c=client, k=keys: self.clients.get(n) is c and c.ack(k))
+                # held, to go with the node's new work of this turn in one write (or the flush below)
+                self.journal.after_commit(lambda n=node, c=client, k=keys: self.clients.get(n) is c
+                                          and c.ack(k, hold=True))
         if self._to_fetch:  # before any release this turn, so an instance goes with its outputs fetched
             self._fetch_all_outputs()
         for message in control:
@@ -272,6 +274,10 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin, SpotMixin):
             self._emit("instance.type_broken", type=name, instances=self.ledger.never_up.get(name, 0))
         if tick or changed:
             self._decide(tick)
+        for node in acks:  # the acknowledgements no new work carried, after the turn's submits
+            client = self.clients.get(node)
+            if client is not None:
+                self.journal.after_commit(lambda n=node, c=client: self.clients.get(n) is c and c.flush())
         if tick and self.ledger.on_tick(self.clock.now_s(), self.memory.budget_stopped,
                                         self.memory.private_stopped):
             self.stop_reason = "budget_stop" if self.budget_stopped else "no_capacity"

@@ -58,6 +58,18 @@ class RunNodes:
         self.remote.attach_in_background(private, done, expect=expect, on_retry=on_retry)
         return True
 
+    def attach_local_in_background(self, node: str, done: Callable[[AgentClient | None, BaseException | None], None]
+                                   ) -> bool:
+        """Start a ``local`` private node's agent off the caller's thread, tried once (at most 8
+        at once: :meth:`~broker.shells.nodes.LocalAgents.attach_in_background`); False if it
+        is not such a node."""
+        private = self.private.get(node)
+        background = getattr(self.local, "attach_in_background", None)
+        if private is None or not private.local or background is None:
+            return False
+        background(node, private.slots, done)
+        return True
+
     def grace_s(self, node: str) -> float | None:
         """How long a private node reached over SSH that stops answering is waited for (its
         ``grace``); None for nodes re-attached at once (local agents, instances)."""

@@ -116,18 +116,21 @@ class NodesMixin:
 
     # -- private nodes at start-up ------------------------------------------------------------
     def _attach_private_nodes(self) -> None:
-        """Every private node's agent at once: a local one here, those over SSH in the
-        background (bounded concurrency, see :class:`~broker.shells.nodes.SshAgents`), each
-        retried with backoff for its grace. A node not reached yet is not lost: it takes no
+        """Every private node's agent at once, in the background with bounded concurrency
+        (local ones tried once, those over SSH retried with backoff for their grace, see
+        :class:`~broker.shells.nodes.SshAgents`). A node not reached yet is not lost: it takes no
         work, the run waits for it (it is a node to run on), and it joins when it answers."""
         from .types import AttachRetrying
 
         background = getattr(self.nodes, "attach_private_in_background", None)
+        local = getattr(self.nodes, "attach_local_in_background", None)
         for p in self.inv.private:
             self.clients[p.name] = None
+            done = lambda client, error, n=p.name: self._post(Attached(n, client, error))  # noqa: E731
+            if local is not None and local(p.name, done):
+                continue
             if background is not None and background(
-                    p.name, lambda client, error, n=p.name: self._post(Attached(n, client, error)),
-                    lambda error, n=p.name: self._post(AttachRetrying(n, error))):
+                    p.name, done, lambda error, n=p.name: self._post(AttachRetrying(n, error))):
                 continue
             try:
                 client = self.nodes.attach(p.name, p.slots)

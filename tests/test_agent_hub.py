@@ -1,0 +1,267 @@
+"""One I/O thread serves every agent connection (broker/shells/agent_hub.py).
+
+Hundreds of in-process fake agents (broker/shells/fake_agents.py, over socketpairs) are
+attached to the master: the number of threads does not grow with them, each task is
+completed exactly once, and a connection that drops or falls silent is still reported as
+the node lost.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import Counter
+
+from structlog.testing import capture_logs
+
+from broker.shells.agent_client import AgentClient, NodeLost
+from broker.shells.agent_hub import AgentHub
+from broker.shells.fake_agents import FakeAgents
+from workers.protocol import Result, Run
+
+AGENTS = 300
+
+
+def _attach(fakes: FakeAgents, count: int, inbox: queue.Queue, **options) -> dict[str, AgentClient]:
+    return {f"n{i}": AgentClient(fakes.connect(f"n{i}", 2), f"n{i}", inbox=inbox, **options) for i in range(count)}
+
+
+def test_hundreds_of_agents_are_served_by_one_thread_and_each_task_completes_once():
+    inbox: queue.Queue = queue.Queue()
+    with FakeAgents() as fakes:
+        before = threading.active_count()
+        clients = _attach(fakes, AGENTS, inbox)
+        during = threading.active_count()
+        # The threads do not grow with the agents: the hub (started once per process) at most.
+        assert during - before <= 1, (before, during)
+        assert not [t for t in threading.enumerate() if t.name.startswith("agent-n")]
+        hub_threads = [t for t in threading.enumerate() if t.name == "agent-hub"]
+        assert len(hub_threads) == 1
+        tasks = {name: [Run(f"{name}-t{k}", 1, ":") for k in range(5)] for name in clients}
+        for name, client in clients.items():
+            client.submit(tasks[name])
+        results: Counter = Counter()
+        deadline = time.monotonic() + 120
+        while sum(results.values()) < AGENTS * 5 and time.monotonic() < deadline:
+            node, event = inbox.get(timeout=30)
+            assert not isinstance(event, NodeLost), event
+            if isinstance(event, Result):
+                assert event.ok
+                assert event.task.startswith(node + "-")
+                results[event.task] += 1
+                clients[node].ack([(event.task, event.attempt)])
+        assert len(results) == AGENTS * 5
+        assert set(results.values()) == {1}
+        assert set(fakes.runs.values()) == {1}
+        assert all(not c.outstanding() for c in clients.values())
+        assert threading.active_count() - before <= 1
+        for client in clients.values():
+            client.close()
+
+
+def test_a_dropped_connection_among_hundreds_is_reported_as_that_node_lost():
+    inbox: queue.Queue = queue.Queue()
+    with FakeAgents() as fakes:
+        clients = _attach(fakes, 100, inbox)
+        fakes.drop("n37")
+        node, event = inbox.get(timeout=10)
+        assert (node, type(event)) == ("n37", NodeLost)
+        assert "closed the connection" in event.reason
+        time.sleep(0.2)
+        assert inbox.empty()  # nobody else was lost
+        for client in clients.values():
+            client.close()
+        assert inbox.empty()  # closing on purpose loses nothing
+
+
+def test_a_silent_agent_on_the_hub_is_lost_after_dead_after_s(monkeypatch):
+    inbox: queue.Queue = queue.Queue()
+    with FakeAgents() as fakes, capture_logs() as logs:
+        clients = _attach(fakes, 3, inbox, ping_interval_s=0.1, dead_after_s=0.4)
+        # n1 goes mute: it still reads, but never answers a Ping again.
+        fake = next(f for f in fakes._fakes.values() if f.node == "n1")
+        monkeypatch.setattr(fake.conn, "send", lambda message: b"")
+        node, event = inbox.get(timeout=10)
+        assert (node, type(event)) == ("n1", NodeLost)
+        assert "silent" in event.reason
+        time.sleep(0.5)  # the others keep answering their pings
+        assert inbox.empty()
+        for client in clients.values():
+            client.close()
+    assert [e["node"] for e in logs if e["event"] == "agent.lost"] == ["n1"]
+    assert not [e for e in logs if e["event"] == "agent.reader_failed"]  # pings are no failure
+
+
+def test_the_hub_is_one_per_process():
+    assert AgentHub.shared() is AgentHub.shared()
+
+
+def _daemon_on_fakes(tmp_path, fakes: FakeAgents, agents: int, tasks: int, on_progress=None):
+    from broker.core.control.controller import ControllerConfig
+    from broker.core.goal import Goal
+    from broker.core.model import Bag, Inventory, PrivateNode, Task
+    from broker.shells.clock import RunClock
+    from broker.shells.fake_agents import FakeNodes
+    from broker.shells.journal import Journal
+    from broker.shells.run import Daemon, DaemonOptions
+
+    inventory = Inventory(private=tuple(PrivateNode(f"n{i:03d}", 2, host="fake") for i in range(agents)))
+    bag = Bag(tasks=tuple(Task(f"t{i:05d}", ":") for i in range(tasks)), timeout_s=600.0)
+    inbox: queue.Queue = queue.Queue()
+    clock = RunClock(1.0)
+    with Journal.open(tmp_path, clock=clock.now_s, anchor_s=clock.epoch_anchor_s) as journal:
+        journal.create_run("hub", goal_kind="theta", goal_value=1.0, retries=bag.retries, tasks=bag.tasks)
+        nodes = FakeNodes(fakes, inbox, 2)
+        daemon = Daemon(inventory, bag, Goal(), DaemonOptions(run_dir=tmp_path, run_id="hub", tick_s=60.0),
+                        journal=journal, clock=clock, fleet=None, nodes=nodes, inbox=inbox,
+                        config=ControllerConfig(tick_s=60.0, margin_s=120.0), on_progress=on_progress)
+        report = daemon.run()
+        nodes.pool.shutdown()
+        return report, journal.events()
+
+
+def test_the_daemon_runs_each_task_once_on_hundreds_of_fake_agents_without_a_thread_each(tmp_path):
+    threads: list[int] = []
+    with FakeAgents() as fakes:
+        report, events = _daemon_on_fakes(tmp_path, fakes, 200, 1000,
+                                          on_progress=lambda *_: threads.append(threading.active_count()))
+    assert report.tasks_done == 1000 and report.tasks_failed == 0
+    done = Counter(fields["task"] for _, name, fields in events if name == "task.done")
+    assert len(done) == 1000 and set(done.values()) == {1}
+    assert set(fakes.runs.values()) == {1}  # no task was sent twice
+    assert max(threads) < 40  # 200 agents, and no thread for any of them
+
+
+def test_the_daemon_detects_a_dropped_fake_agent_and_still_runs_each_task_once(tmp_path):
+    dropped: list[str] = []
+
+    with FakeAgents() as fakes:
+        def drop_one(done, *_):
+            if done >= 200 and not dropped:
+                dropped.append("n007")
+                fakes.drop("n007")
+
+        report, events = _daemon_on_fakes(tmp_path, fakes, 50, 1000, on_progress=drop_one)
+    assert dropped
+    assert report.tasks_done == 1000 and report.tasks_failed == 0
+    done = Counter(fields["task"] for _, name, fields in events if name == "task.done")
+    assert len(done) == 1000 and set(done.values()) == {1}
+    reattached = [fields for _, name, fields in events if name == "agent.reattached"]
+    assert [f["node"] for f in reattached] == ["n007"]
+
+
+def test_a_failure_in_one_links_bookkeeping_loses_that_node_only_and_the_hub_goes_on(monkeypatch):
+    inbox: queue.Queue = queue.Queue()
+    with FakeAgents() as fakes:
+        clients = _attach(fakes, 3, inbox)
+
+        def broken(link, message):
+            raise RuntimeError("bookkeeping bug")
+
+        monkeypatch.setattr(clients["n1"], "_on_message", broken)
+        for name, client in clients.items():
+            client.submit([Run(f"{name}-t", 1, ":")])
+        seen = {}
+        while len(seen) < 3:
+            node, event = inbox.get(timeout=10)
+            if isinstance(event, (NodeLost, Result)):
+                seen[node] = event
+        assert isinstance(seen["n1"], NodeLost) and "bookkeeping bug" in seen["n1"].reason
+        assert isinstance(seen["n0"], Result) and isinstance(seen["n2"], Result)
+        clients["n0"].submit([Run("n0-again", 1, ":")])  # the hub still serves the others
+        node, event = inbox.get(timeout=10)
+        while not isinstance(event, Result):
+            node, event = inbox.get(timeout=10)
+        assert (node, event.task) == ("n0", "n0-again")
+        for client in clients.values():
+            client.close()
+
+
+class _Recorder:
+    def __init__(self):
+        self.data: list[bytes] = []
+        self.ended = threading.Event()
+        self.reason = None
+
+    def hub_data(self, data, now):
+        self.data.append(data)
+        return "" if data == b"" else None
+
+    def hub_timer(self, now):
+        return now + 60.0
+
+    def hub_end(self, reason):
+        self.reason = reason
+        self.ended.set()
+
+
+def test_a_link_closed_while_its_descriptor_number_is_reused_still_ends(monkeypatch):
+    """Regression: a transport closed from outside, whose descriptor number a new link took
+    before the hub handled the close, was never ended (its node never reported lost)."""
+    import socket
+
+    from broker.shells.transport import SocketTransport
+
+    hub = AgentHub()
+    a_master, a_peer = socket.socketpair()
+    old, old_watcher = SocketTransport(a_master), _Recorder()
+    hub.watch(old, old_watcher, time.monotonic() + 60)
+    held = []
+    real_post = hub._post
+    monkeypatch.setattr(hub, "_post", held.append)  # the hub sees the close only later
+    old_fd = old.fileno()
+    old.close()
+    b_master, b_peer = socket.socketpair()
+    new, new_watcher = SocketTransport(b_master), _Recorder()
+    assert new.fileno() == old_fd  # the number was reused
+    monkeypatch.setattr(hub, "_post", real_post)
+    hub.watch(new, new_watcher, time.monotonic() + 60)
+    for w in held:
+        real_post(w)
+    assert old_watcher.ended.wait(5), "the old link was never ended"
+    b_peer.sendall(b"hello")
+    deadline = time.monotonic() + 5
+    while not new_watcher.data and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert new_watcher.data == [b"hello"] and not new_watcher.ended.is_set()
+    new.close()
+    assert new_watcher.ended.wait(5)
+    a_peer.close()
+    b_peer.close()
+
+
+def test_an_agent_whose_descriptors_are_past_1024_is_served(tmp_path):
+    """Regression: the transports waited with select(), which refuses descriptors past 1,023:
+    a master with a thousand agents (two or more descriptors each) lost every later one."""
+    import os
+    import resource
+
+    from broker.shells.local_transport import attach_local_agent, stop_local_agent
+    from broker.shells.transport import wait_readable
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        transport = attach_local_agent(tmp_path / "agent", 1)
+        assert transport.fileno() > 1024
+        r, w = os.pipe()  # a wait on a high descriptor (a transport read by a thread of its own)
+        filler += [r, w]
+        assert wait_readable([r], 0.05) == []
+        os.write(w, b"x")
+        assert wait_readable([r], 5.0) == [r]
+        client = AgentClient(transport, "high")
+        client.submit([Run("t", 1, "true")])
+        events = client.poll(timeout_s=30)
+        while not any(isinstance(e, Result) for e in events):
+            events += client.poll(timeout_s=30)
+        assert [e.ok for e in events if isinstance(e, Result)] == [True]
+        client.shutdown()
+        client.wait_closed(10)
+        client.close()
+    finally:
+        for fd in filler:
+            os.close(fd)
+        stop_local_agent(tmp_path / "agent")
