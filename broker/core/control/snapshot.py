@@ -129,6 +129,11 @@ class Snapshot:
     # Kaplan-Meier law of the promise; None: the promise works from ``observations``' moments.
     finished_ref_s: Sequence[float] | None = None
     timeout_ref_s: float | None = None  # the bag's timeout at speed 1: no task runs longer
+    # The shell's index of ``free_nodes`` by speed and release (broker.core.control.free_index),
+    # valid while its ``version`` equals ``free_index_version``: a dispatch then visits only the
+    # free nodes that can take a pending task; without it, every free node (same decisions).
+    free_index: object | None = None
+    free_index_version: int = -1
 
     def nodes_with_free_slots(self) -> tuple[NodeView, ...]:
         if self.free_nodes is not None:
