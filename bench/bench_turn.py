@@ -10,8 +10,9 @@ with the events a fleet of that size produces: two types of 4 slots a machine (s
 2, the same price per speed), ``nodes / 2`` of each, hourly billing, the fastest plan (theta
 0, so the whole fleet is launched), the LM workload with ``tasks-per-slot`` tasks a slot, the first ``virtual-h``
 hours of the run. Turns are counted once at least 90% of the nodes are up. Prints the
-median and 99th percentile of each kind of turn, and the process's CPU load (a loaded
-machine stretches every figure; compare runs made at the same load).
+median, mean and 99th percentile of each kind of turn in CPU time (``time.process_time``:
+on a loaded machine wall time counts the other processes' turns too), and the share of a
+CPU the process got.
 """
 
 from __future__ import annotations
@@ -47,15 +48,15 @@ def measure(nodes: int, tasks_per_slot: int, virtual_h: float, seed: int) -> dic
     pending: list = []
 
     def timed_snapshot():
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         snap = snapshot()
-        pending.append((time.perf_counter() - t0, len(snap.nodes)))
+        pending.append((time.process_time() - t0, len(snap.nodes)))
         return snap
 
     def timed_decide(snap, memory, now=None, rng=None, tick=True):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         d = decide(snap, memory, now, rng, tick)
-        took = time.perf_counter() - t0
+        took = time.process_time() - t0
         snap_s, live = pending.pop() if pending else (0.0, len(snap.nodes))
         if live >= 0.9 * fleet:
             turns[tick].append(snap_s + took)

@@ -8,6 +8,7 @@ release (never one that would be killed or buy an unplanned unit); with nothing 
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import TYPE_CHECKING
 
@@ -273,59 +274,99 @@ def replicate(snap: Snapshot, now: float, mean: float, idle_slots, s: Scratch) -
     time nobody else wants; it never keeps a machine longer (``keep_running_work``
     protects one copy of a task, on the machine kept longest).
 
-    Each idle slot takes the first task, latest end first, that it can copy sooner. A slot
-    no faster and with no more paid time than one that found none can only copy a task of
-    that slot's node (any other would have been copied there): it looks at those alone, so
-    a tail of 500 running tasks and 200 idle slots costs a few full scans, not 200."""
-    copies: dict[str, int] = {}
-    running = []
-    for n in snap.nodes:
-        for r in n.running:
-            copies[r.task_id] = copies.get(r.task_id, 0) + 1
-            est = r.estimate_ref_s if r.estimate_ref_s is not None else mean
-            end = r.started_at_s + est / n.speed
-            size = est
-            if end <= now:  # overdue
-                age_ref = (now - r.started_at_s) * n.speed
-                size = max(est, 2.0 * age_ref)
-                end = r.started_at_s + size / n.speed
-            running.append((end, size, r, n))
-    # Tasks with two copies are out of the running for good: drop them before the scans.
-    running = [x for x in running if copies[x[2].task_id] < 2]
-    running.sort(key=lambda x: (-x[0], x[2].task_id))
-    least = min((x[1] for x in running), default=math.inf)
-    on_node: dict[str, list] = {}
-    for x in running:
-        on_node.setdefault(x[3].id, []).append(x)
-    left, copied = len(running), set()  # tasks copied here have two copies: out of the running
+    Each idle slot takes the first task, latest end first, that it can copy sooner. The
+    tasks are kept in a heap and drawn in that order only as far as a scan goes (it stops at
+    the first end no copy can beat). A slot no faster and with no more paid time than one
+    whose scan found nothing can only copy a task of that slot's node (any other would have
+    been copied there): it looks at those alone, so a tail of 4,000 running tasks and 1,000
+    idle slots costs a few scans, not 1,000."""
+    tasks = _Tail(snap, now, mean)
+    least = tasks.least
     beaten = None  # (limit, speed, node) of a slot whose full scan found nothing to copy
     for node, slot, limit_ref in idle_slots:
         if limit_ref < least:
             continue  # the slot's paid time is too short for any copy
-        scan = running
         if beaten is not None and limit_ref <= beaten[0] and node.speed <= beaten[1]:
-            scan = on_node.get(beaten[2], ()) if beaten[2] != node.id else ()
-        pick = _first_copy(scan, node, limit_ref, now, least, copied)
+            scan = tasks.on_node(beaten[2]) if beaten[2] != node.id else ()
+        else:
+            scan = tasks.in_order()
+        pick = _first_copy(scan, node, limit_ref, now, least, tasks.copied)
         if pick is None:
-            if scan is running:
+            if beaten is None or not (limit_ref <= beaten[0] and node.speed <= beaten[1]):
                 beaten = (limit_ref, node.speed, node.id)
             continue
-        r = pick[2]
-        copied.add(r.task_id)
-        left -= 1
+        r = pick[4]
+        tasks.copied.add(r.task_id)
         s.actions.append(Replicate(r.task_id, SlotRef(node.id, slot), r.attempt + 1, WorkCause.TAIL_REPLICATION))
-        if not left:
+        if len(tasks.copied) == tasks.count:
             return
+
+
+class _Tail:
+    """The running tasks with a single copy, as ``(-end, task, k, size, task, node)``: a heap
+    drawn into ``order`` as scans need it (latest end first, ties by task id), and by node."""
+
+    def __init__(self, snap: Snapshot, now: float, mean: float):
+        copies: dict[str, int] = {}
+        heap: list = []
+        self.by_node: dict[str, list] = {}
+        least = math.inf
+        for n in snap.nodes:
+            if not n.running:
+                continue
+            speed, mine = n.speed, []
+            for r in n.running:
+                tid = r.task_id
+                copies[tid] = copies.get(tid, 0) + 1
+                est = r.estimate_ref_s if r.estimate_ref_s is not None else mean
+                end = r.started_at_s + est / speed
+                size = est
+                if end <= now:  # overdue
+                    age_ref = (now - r.started_at_s) * speed
+                    size = max(est, 2.0 * age_ref)
+                    end = r.started_at_s + size / speed
+                x = (-end, tid, len(heap), size, r, n)
+                heap.append(x)
+                mine.append(x)
+                least = size if size < least else least
+            self.by_node[n.id] = mine
+        if len(copies) < len(heap):  # tasks with two copies are out of the running for good
+            heap = [x for x in heap if copies[x[1]] < 2]
+            least = min((x[3] for x in heap), default=math.inf)
+            self.copies = copies
+        else:
+            self.copies = None
+        heapq.heapify(heap)
+        self.heap, self.order, self.count, self.least = heap, [], len(heap), least
+        self.copied: set[str] = set()  # copied here: two copies now, out of the running
+
+    def in_order(self):
+        order, heap = self.order, self.heap
+        i = 0
+        while True:
+            if i == len(order):
+                if not heap:
+                    return
+                order.append(heapq.heappop(heap))
+            yield order[i]
+            i += 1
+
+    def on_node(self, node_id: str) -> list:
+        mine = self.by_node.get(node_id, [])
+        if self.copies is not None:
+            mine = [x for x in mine if self.copies[x[1]] < 2]
+        return sorted(mine)
 
 
 def _first_copy(scan, node: NodeView, limit_ref: float, now: float, least: float, copied: set[str]):
     """The first task of ``scan`` (latest end first) that ``node`` would end sooner, within
     ``limit_ref``, if it is not already on ``node`` (None: none)."""
     for x in scan:
-        end, size, r, n = x
+        neg_end, tid, _, size, _, n = x
+        end = -neg_end
         if end <= now + least / node.speed:
             return None  # ends only get sooner down the list: no copy can beat one from here on
-        if n.id == node.id or size > limit_ref or now + size / node.speed >= end or r.task_id in copied:
+        if n.id == node.id or size > limit_ref or now + size / node.speed >= end or tid in copied:
             continue
         return x
     return None
