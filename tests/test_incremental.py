@@ -126,6 +126,7 @@ def test_incremental_dispatch_decides_as_the_full_scan(name, monkeypatch):
         return out
 
     monkeypatch.setattr(FreeIndex, "candidates", counting)
+    monkeypatch.setattr(dispatch_mod, "FEW_FREE_NODES", 0)  # the index whenever it may serve, small fleets too
     copies = 0
     for seed in (1, 2, 3):
         fast, fast_outcome = _trace(name, seed, True, monkeypatch)

@@ -165,6 +165,9 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
         replicate(snap, now, mean, idle_slots, s)
 
 
+FEW_FREE_NODES = 16  # up to this many free nodes, looking at each costs less than asking the index
+
+
 def _ready_nodes(ctl: Controller, snap: Snapshot, now: float, least: float, s: Scratch) -> tuple[list[NodeView], float]:
     """The ready nodes with a free slot the dispatch visits, fastest first (ties by id), and
     the lowest speed among all such nodes.
@@ -174,8 +177,9 @@ def _ready_nodes(ctl: Controller, snap: Snapshot, now: float, least: float, s: S
     only be listed as idle, and the idle list is read only when nothing runs or too few tasks
     are pending for the visited slots (then every node is visited, as before)."""
     index = snap.free_index
-    if (ctl.config.policy == Policy.BROKER and index is not None and index.version == snap.free_index_version
-            and ctl.config.fit_safety > 0 and snap.count_running() > 0 and math.isfinite(least)):
+    if (ctl.config.policy == Policy.BROKER and index is not None and len(index) > FEW_FREE_NODES
+            and index.version == snap.free_index_version and ctl.config.fit_safety > 0
+            and snap.count_running() > 0 and math.isfinite(least)):
         cands = index.candidates(now, least * ctl.config.fit_safety)
         cands.extend(v for v in map(index.view, s.release) if v is not None)
         ready = sorted({n.id: n for n in cands if n.ready(now)}.values(), key=lambda n: (-n.speed, n.id))

@@ -1,6 +1,8 @@
 """The ledger's money and its snapshot: billing refreshed from a heap of paid-until times,
 committed spend as a running sum, and the frozen view ``decide()`` reads, rebuilt only for
-the nodes an event touched (part of :class:`~.ledger.Ledger`; its state is the ledger's)."""
+the nodes an event touched, with the free nodes also kept by speed and release
+(:class:`~broker.core.control.free_index.FreeIndex`, so a dispatch visits only those that
+can take a task) (part of :class:`~.ledger.Ledger`; its state is the ledger's)."""
 
 from __future__ import annotations
 
