@@ -7,7 +7,10 @@ transient failure, a poison task and one that always times out, whose agents are
 SIGTERMed once while tasks run) on one local slot plus up to three 2-slot EC2
 types served by the run's moto server, at time scale 60 with a 10 s tick. Kill points are
 exact: ``BROKER_CRASH_AT=<point>:<n>`` makes the daemon SIGKILL itself right after the
-n-th occurrence of a journal write, an event or an EC2 call (``broker/shells/crashpoints.py``).
+n-th occurrence of a journal write, an event or an EC2 call (``broker/shells/crashpoints.py``);
+``batch:<n>`` lands inside the turn's journal group (before its one commit: the whole turn's
+results and starts are lost, unacknowledged and unsent), ``group:<n>`` right after that commit
+(results durable but not acknowledged, attempts durable but not sent to their agents).
 A *chain* is one run directory: ``broker run`` with the first point, then the same command
 (a resume) with the next point, and so on through a point in each phase (sampling,
 launching, dispatching, releasing), then one last resume without a kill point. A point that
@@ -102,7 +105,7 @@ ARGS = ("--dry-run", "--yes", "--deadline", "2m", "--tick", "10s")
 # each phase (cycling), so every chain kills once per phase.
 PHASES: dict[str, tuple[str, ...]] = {
     "sampling": (
-        "record_sample_draws:1", "task_started:1", "event:sample.done:1", "task_finished:1",
+        "record_sample_draws:1", "task_started:1", "group:3", "event:sample.done:1", "task_finished:1",
         "batch:1", "record_sample_draws:2", "batch:2", "event:sample.done:2", "task_finished:2",
         "batch:3", "task_started:2", "record_private_node:1", "event:run.start:1",
     ),
@@ -112,12 +115,13 @@ PHASES: dict[str, tuple[str, ...]] = {
         "record_instance_state:1", "event:instance.ready:1", "fleet.launch:2",
     ),
     "dispatching": (
-        "task_started:1", "batch:2", "event:task.done:1", "task_finished:2", "task_started:3", "batch:4",
+        "task_started:1", "group:4", "batch:2", "event:task.done:1", "task_finished:2", "group:9", "task_started:3",
+        "batch:4",
         "event:task.done:2", "task_finished:1", "batch:1", "task_started:2", "event:task.done:3",
         "batch:3", "task_finished:3",
     ),
     "failing": (
-        "event:task.failed:1", "attempt_lost:1", "quarantine:1", "event:task.quarantined:1",
+        "event:task.failed:1", "group:6", "attempt_lost:1", "quarantine:1", "event:task.quarantined:1",
         "event:task.failed:2", "event:task.failed:3", "task_finished:4", "quarantine:2",
     ),
     "releasing": (

@@ -10,8 +10,11 @@ would be (``--dir``, default the system temp dir):
   the same grouped 100 to a transaction with ``journal.batch()``; and the cost of one ``intend`` + ``complete`` pair (the write-ahead log of one action);
 - ``status()`` and ``overview()`` on the full journal, from a second read-only connection
   (what ``broker status`` does): milliseconds;
+- a daemon turn: ``TURN`` results with their ``task.done`` events and as many starts, as
+  the daemon writes them (one group commit; on a journal without groups, two batches):
+  milliseconds per turn and commits per turn;
 - the price of ``synchronous=FULL`` over ``NORMAL`` per commit, as a ratio (the journal
-  uses FULL: see broker/shells/journal.py).
+  commits intents with FULL, the rest with NORMAL: see broker/shells/journal/base.py).
 
 Medians over ``--repeat`` fresh journals. No asserts.
 """
@@ -19,6 +22,7 @@ Medians over ``--repeat`` fresh journals. No asserts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import sqlite3
@@ -35,6 +39,7 @@ from broker.core.model import Task  # noqa: E402
 from broker.shells.journal import AttemptResult, Journal  # noqa: E402
 
 BATCH = 100  # results grouped per transaction with journal.batch()
+TURN = 20  # tasks per daemon turn (16 agents x 4 slots of no-op tasks: ~20 results a turn)
 
 
 def one_round(base: Path, n_tasks: int, n_results: int) -> dict[str, float]:
@@ -65,6 +70,8 @@ def one_round(base: Path, n_tasks: int, n_results: int) -> dict[str, float]:
                     journal.task_finished(f"task-{i:06d}", 1, ok)
         batched_s = time.perf_counter() - t0
 
+        turns_s, commits = daemon_turns(journal, 2 * n_results, n_results, TURN)
+
         t0 = time.perf_counter()
         for i in range(n_results // 5):
             journal.complete(journal.intend("launch", {"type": "c5.xlarge", "token": f"t{i}"}, "bench"), {"ok": 1})
@@ -81,10 +88,40 @@ def one_round(base: Path, n_tasks: int, n_results: int) -> dict[str, float]:
             "finished_per_s": n_results / pairs_s,
             "pair_ms": 1e3 * pairs_s / n_results,
             "batched_per_s": n_results / batched_s,
+            "turn_ms": 1e3 * turns_s / (n_results // TURN),
+            "turn_commits": commits / (n_results // TURN),
             "action_ms": 1e3 * action_s,
             "status_ms": status_ms,
             "overview_ms": overview_ms,
         }
+
+
+def daemon_turns(journal: Journal, first: int, n_results: int, per_turn: int) -> tuple[float, int]:
+    """What the daemon's turns write, ``per_turn`` tasks a turn: each task's result and its
+    ``task.done`` event (a batch), then as many new starts (a batch), all inside the turn's
+    group where the journal has one (``Journal.group``; before it, two committed batches).
+    Returns (seconds, commits)."""
+    group = getattr(journal, "group", None) or contextlib.nullcontext
+    ok = AttemptResult(exit_code=0, runtime_s=0.01, stdout_tail="")
+    commits = [0]
+    journal._db.set_trace_callback(lambda sql: sql == "COMMIT" and commits.__setitem__(0, commits[0] + 1))
+    for i in range(first, first + per_turn):  # the first turn's starts
+        journal.task_started(f"task-{i:06d}", 1, "n0")
+    t0 = time.perf_counter()
+    for turn in range(n_results // per_turn):
+        base = first + turn * per_turn
+        with group():
+            with journal.batch():
+                for i in range(base, base + per_turn):
+                    journal.task_finished(f"task-{i:06d}", 1, ok, node="n0")
+                    journal.record_event("task.done", {"task": f"task-{i:06d}", "attempt": 1, "node": "n0",
+                                                       "runtime_s": 0.01, "exit_code": 0, "runtime_ref_s": 0.01})
+            with journal.batch():
+                for i in range(base + per_turn, base + 2 * per_turn):
+                    journal.task_started(f"task-{i:06d}", 1, "n0")
+    elapsed = time.perf_counter() - t0
+    journal._db.set_trace_callback(None)
+    return elapsed, commits[0]
 
 
 def median_ms(call, repeat: int) -> float:
@@ -118,8 +155,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
     args = parser.parse_args()
-    if args.tasks < 2 * args.results:
-        parser.error("--tasks must be at least twice --results (each result needs a fresh task)")
+    if args.tasks < 3 * args.results + TURN:
+        parser.error("--tasks must be at least three times --results (each result needs a fresh task)")
 
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"SQLite {sqlite3.sqlite_version}; journal files under {args.dir}")
@@ -135,6 +172,8 @@ def main() -> None:
           f"({med['pair_ms']:.2f} ms per result)")
     print(f"the same in journal.batch() of {BATCH}:            {med['batched_per_s']:,.0f} results/s "
           f"({med['batched_per_s'] / med['finished_per_s']:.0f}x)")
+    print(f"a daemon turn of {TURN} results + events + starts: {med['turn_ms']:.2f} ms, "
+          f"{med['turn_commits']:.0f} commit(s) ({1e3 / med['turn_ms'] * TURN:,.0f} tasks/s of journal)")
     print(f"intend + complete (one external action logged): {med['action_ms']:.2f} ms")
     print(f"status() on {args.tasks:,} tasks, read-only reader:  {med['status_ms']:.1f} ms")
     print(f"overview() (broker status human view):        {med['overview_ms']:.1f} ms")

@@ -14,7 +14,7 @@ from broker.config.errors import ConfigError
 from broker.config.inventory import load_inventory, parse_inventory
 from broker.core.billing import Billing
 from broker.config.aws import AwsSettings
-from broker.core.model import Inventory, MachineType, PrivateNode
+from broker.core.model import SPOT, spot_key, Inventory, MachineType, PrivateNode
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -284,7 +284,25 @@ def inventories(draw) -> Inventory:
         )
         for name in type_names
     )
-    return Inventory(private=private, types=types, aws=AwsSettings(), source="<inventory>")  # as the loader sets it
+    # Some of the EC2 types are offered on the spot market too, under the same name.
+    spot = tuple(
+        MachineType(
+            name=spot_key(t.name),
+            slots=t.slots,
+            speed=t.speed,
+            price_per_hour=draw(st.floats(0, 30, allow_nan=False)),
+            limit=draw(st.integers(0, 100)),
+            boot_s=t.boot_s,
+            billing=draw(_billings),
+            market=SPOT,
+            ec2_type=t.name,
+            interruptions_per_hour=draw(st.floats(0, 2, allow_nan=False)),
+            max_price_per_hour=draw(st.none() | st.floats(30, 60, allow_nan=False)),
+        )
+        for t in types
+        if draw(st.booleans())
+    )
+    return Inventory(private=private, types=types + spot, aws=AwsSettings(), source="<inventory>")  # as the loader sets it
 
 
 def _as_yaml(inventory: Inventory) -> str:
@@ -299,7 +317,9 @@ def _as_yaml(inventory: Inventory) -> str:
         "aws": {
             "types": [
                 {
-                    "name": t.name,
+                    "name": t.instance_type,
+                    **({"market": "spot", "interruptions_per_hour": t.interruptions_per_hour} if t.is_spot else {}),
+                    **({"max_price": t.max_price_per_hour} if t.max_price_per_hour is not None else {}),
                     "slots": t.slots,
                     "speed": t.speed,
                     "price": t.price_per_hour,

@@ -114,3 +114,53 @@ def test_a_10000_task_run_on_a_terminal_keeps_bars_and_log_lines_apart(tmp_path)
     assert len(lines) < 200, f"{len(lines)} lines:\n" + "\n".join(lines[:60])
     events = [json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert events.count("task.done") == 10000  # the record keeps every task
+
+
+def test_write_event_masks_and_encodes_once_for_the_file_the_console_and_the_journal(monkeypatch):
+    """Issue 20: a per-task event was rendered three times and masked twice. write_event masks
+    it once and encodes it once: the same line goes to events.jsonl and (off a terminal) the
+    console, and the same fields JSON is what the journal stores."""
+    from broker.shells import logging as blog
+    from broker.shells.logging import register_secret, write_event
+
+    calls = []
+    real_mask = blog.mask_secrets
+    monkeypatch.setattr(blog, "mask_secrets",  # count the passes over a whole event (not the recursion)
+                        lambda value: (isinstance(value, dict) and "task" in value and calls.append(1)) or real_mask(value))
+    register_secret("tok-0123456789-write-once")
+    console, record = io.StringIO(), io.StringIO()
+    configure_logging(level="info", stream=console, json=True, extra_files=[record], bind={"run_id": "r-1"})
+    try:
+        stored = write_event("task.failed", {"task": "t1", "attempt": 1, "node": "n", "error": "exit code 1",
+                                             "stderr_tail": "token tok-0123456789-write-once leaked",
+                                             "final": False, "retries_left": 1, "lost": False, "api_token": "x"},
+                             level="warning", context={"run_id": "r-1"})
+        quiet = write_event("task.start", {"task": "t1", "attempt": 1, "node": "n", "slot": 0, "cause": "dispatch"},
+                            level="debug", context={"run_id": "r-1"})
+    finally:
+        configure_logging(level="info")
+    assert len(calls) == 2  # one masking pass per event (the structlog chain was not run as well)
+    lines = record.getvalue().splitlines()
+    assert console.getvalue().splitlines() == lines[:1]  # debug: in the file only; the same line
+    line = json.loads(lines[0])
+    assert line["stderr_tail"] == "token *** leaked" and line["api_token"] == "***"
+    assert {line[k] for k in ("event", "level", "run_id")} == {"task.failed", "warning", "r-1"}
+    assert "timestamp" in line
+    assert json.loads(stored) == {k: v for k, v in line.items() if k not in ("event", "level", "run_id", "timestamp")}
+    assert json.loads(quiet)["cause"] == "dispatch" and json.loads(lines[1])["event"] == "task.start"
+
+
+def test_write_event_goes_through_structlog_when_another_set_up_is_in_force():
+    """capture_logs (tests) or a tool's own set-up: write_event must not bypass it."""
+    from structlog.testing import capture_logs
+
+    from broker.shells.logging import write_event
+
+    configure_logging(level="info", stream=io.StringIO(), json=True)
+    try:
+        with capture_logs() as logs:
+            stored = write_event("task.done", {"task": "t9", "password": "hunter2hunter2"}, context={"run_id": "r"})
+    finally:
+        configure_logging(level="info")
+    assert [(e["event"], e["task"], e["password"], e["run_id"]) for e in logs] == [("task.done", "t9", "***", "r")]
+    assert json.loads(stored) == {"password": "***", "task": "t9"}

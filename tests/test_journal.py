@@ -41,11 +41,11 @@ def task_state(journal, task_id):
 
 # -- opening and versioning ----------------------------------------------------------------
 
-def test_open_uses_wal_full_sync_and_foreign_keys(tmp_path):
+def test_open_uses_wal_normal_sync_and_foreign_keys(tmp_path):
     journal = Journal.open(tmp_path)
     db = journal._db
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert db.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL; intents: FULL (test_journal_group.py)
     assert db.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     assert (tmp_path / JOURNAL_FILE).is_file()
 

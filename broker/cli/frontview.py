@@ -120,7 +120,8 @@ def render_table(view: FrontView) -> str:
                      + (f", ${view.committed_usd:,.2f} already committed" if view.committed_usd > 0 else ""))
     rows = view.rows()
     names = [t.name for t in view.types]
-    header = ["", "#", "makespan", "cost"] + [f"{t.name} ({t.billing.describe()})" for t in view.types]
+    header = ["", "#", "makespan", "cost"] + [f"{t.name} ({'spot, ' if t.is_spot else ''}{t.billing.describe()})"
+                                              for t in view.types]
     header += ["private", "status"]
     table = [header]
     for row in rows:

@@ -194,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
         work = work_from_args(args)
     inventory = load_inventory(args.inventory)
     types, private = inventory.types, inventory.private
-    front, cheapest, chosen, reason = _solve(args, types, private, work, goal)
+    front, cheapest, chosen, reason = _solve(args, types, private, work, goal, confidence)
     promised = None
     if args.policy != "bats" and chosen is not None:
         from broker.cli.plan_promise import promise_for
@@ -202,6 +202,11 @@ def run(args: argparse.Namespace) -> int:
         pp = promise_for(args, types, private, work, goal, chosen, confidence, sampled)
         chosen, promised = pp.plan, pp.promise
         reason = reason or pp.warning
+    spot = None
+    if args.policy != "bats" and chosen is not None:
+        from broker.core.plan.spotsummary import spot_summary
+
+        spot = spot_summary(chosen, types, private, work, goal, confidence=confidence)
     solve_ms = sum(p.solve_ms for p in front) + (chosen.solve_ms if chosen and chosen not in front else 0.0)
     log = structlog.get_logger()
     if chosen is not None:
@@ -227,6 +232,8 @@ def run(args: argparse.Namespace) -> int:
             "promise": None if promised is None else promised.to_json(),
             "solve_ms": round(solve_ms, 3),
         }
+        if any(t.is_spot for t in types):  # an inventory with spot offers: their market and the spot figures
+            document |= {"markets": {t.name: t.market for t in types}, "spot": None if spot is None else spot.to_json()}
         if sampled is not None:
             document["sample"] = {"rule": sampled.rule, "samples": sampled.samples, "mean_ref_s": sampled.mean_ref_s,
                                   "eps": sampled.eps, "delta": sampled.delta, "capped": sampled.capped,
@@ -238,12 +245,15 @@ def run(args: argparse.Namespace) -> int:
         print(render_table(view) if work.tasks else "nothing left to plan: every task of the bag ran while sampling")
         if promised is not None and work.tasks:
             print(f"promise: {promised.text()}")
+        if spot is not None and work.tasks:
+            print("\n".join(spot.lines()))
         if reason:
             print(f"cannot meet {goal.describe() if goal else 'the goal'}: {reason}")
     return 1 if reason else 0
 
 
-def _solve(args, types, private, work: Work, goal) -> tuple[list[Plan], Plan | None, Plan | None, str | None]:
+def _solve(args, types, private, work: Work, goal, confidence: float = 0.9
+           ) -> tuple[list[Plan], Plan | None, Plan | None, str | None]:
     """The front (its knee points), the cheapest plan when it is not one of them, the plan
     chosen for the goal, and why there is none."""
     chosen: Plan | None = None
@@ -265,7 +275,7 @@ def _solve(args, types, private, work: Work, goal) -> tuple[list[Plan], Plan | N
             front = whole.points
             cheapest = None if any(p is whole.cheapest for p in front) else whole.cheapest
             if goal is not None:
-                chosen = plan_for_goal(types, private, work, goal, front=whole)
+                chosen = plan_for_goal(types, private, work, goal, front=whole, confidence=confidence)
                 if goal.kind in ("point", "theta"):
                     chosen = _as_run_chooses(types, private, work, chosen)
         except NoFeasiblePlan as exc:

@@ -12,13 +12,16 @@ message saying what can be promised instead.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 import numpy as np
 
-from broker.core.plan import NoFeasiblePlan, Plan, min_cost
+from broker.core.plan import Goal, NoFeasiblePlan, Plan, PlanOptions, plan_for_goal
+from broker.core.plan.capacity import Catalogue
 from broker.core.plan.promise import Pending, Promise, RuntimeLaw, forecast, hold_deadline, machines_of_plan
+from broker.core.plan.spotplan import plan_risk, uses_spot
+from broker.core.plan.spotsummary import forecast_types, widened
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,25 +54,40 @@ def _law_and_pending(args, work, sampled) -> tuple[RuntimeLaw, Pending]:
 def promise_for(args, types, private, work, goal, chosen: Plan | None, confidence: float, sampled=None) -> PlanPromise:
     """The chosen plan (a deadline's held at ``confidence``) and its promise."""
     law, pending = _law_and_pending(args, work, sampled)
+
+    def _spot(promise: Promise, plan: Plan | None = None) -> Promise:
+        """A plan on spot: its interval widened by the interruptions' (spotplan.plan_risk)."""
+        plan = plan or chosen
+        if plan is None or not uses_spot(plan, types):
+            return promise
+        risk = plan_risk(plan, Catalogue.build(types, private, work, (), 0.0, PlanOptions()), work,
+                         confidence=confidence)
+        return replace(promise,
+                       makespan_s_range=widened(promise.makespan_s, promise.makespan_s_range, risk.makespan_s,
+                                                risk.makespan_s_range),
+                       cost_usd_range=widened(promise.cost_usd, promise.cost_usd_range, risk.cost_usd,
+                                              risk.cost_usd_range))
     rng = np.random.default_rng(0)  # the same command prints the same promise
+
+    seen = forecast_types(types, work)  # spot at its effective speed (interruptions in the mean)
 
     def predict(plan: Plan):
         horizon = plan.horizon_s if goal is None or goal.kind != "budget" else 0.0
-        return forecast(machines_of_plan(types, private, plan), law, pending, now_s=0.0, rng=rng,
+        return forecast(machines_of_plan(seen, private, plan), law, pending, now_s=0.0, rng=rng,
                         horizon_at_s=horizon if horizon > 0 else None,
                         budget_usd=float(goal.value) if goal is not None and goal.kind == "budget" else None)
 
     if goal is not None and goal.kind == "deadline":
         def solve(h: float):
-            try:
-                return min_cost(types, private, work, h)
+            try:  # on spot, the deadline held under interruptions too (spotplan.spot_min_cost)
+                return plan_for_goal(types, private, work, Goal("deadline", h), confidence=confidence)
             except NoFeasiblePlan:
                 return None
 
         held = hold_deadline(solve, predict, float(goal.value), confidence)
         if held is None:
-            return PlanPromise(chosen, None if chosen is None else predict(chosen).promise(confidence))
-        promise = held.forecast.promise(confidence, "plan")
+            return PlanPromise(chosen, None if chosen is None else _spot(predict(chosen).promise(confidence)))
+        promise = _spot(held.forecast.promise(confidence, "plan"), held.plan)
         if held.held:
             return PlanPromise(held.plan, promise)
         q = held.forecast.makespan_quantile(confidence)
@@ -78,4 +96,4 @@ def promise_for(args, types, private, work, goal, chosen: Plan | None, confidenc
         return PlanPromise(held.plan, promise, warning)
     if chosen is None:
         return PlanPromise(None, None)
-    return PlanPromise(chosen, predict(chosen).promise(confidence, "plan"))
+    return PlanPromise(chosen, _spot(predict(chosen).promise(confidence, "plan"), chosen))

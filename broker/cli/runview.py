@@ -90,6 +90,7 @@ class RunConsole:
                 from broker.cli.frontview import render_table
 
                 self.say(render_table(view))
+                self._spot_lines(view, request)
         if memory.planned_makespan_s is not None:
             self.say(f"plan: {promise_text(self._promise(request), origin=' from the run start (run time)')}"
                      f", for {goal_text(self.goal.kind, self.goal.value)}")
@@ -100,6 +101,26 @@ class RunConsole:
         self.plan_shown = True
         if self.board is not None:
             self.board.update("tasks", label=self.phase)
+
+    def _spot_lines(self, view, request) -> None:
+        """A first plan on spot: its savings, interval and fallback (as ``broker plan``), times
+        from the plan's moment."""
+        plan = request.memory.last_plan
+        if plan is None or not any(t.is_spot for t in self.inventory.types):
+            return
+        from broker.core.goal import Goal
+        from broker.core.plan.spotsummary import spot_summary
+
+        value = float(self.goal.value) if self.goal.kind in ("deadline", "budget") else 0.0
+        if self.goal.kind == "deadline":  # the plan's times are from its moment
+            value = max(1.0, value - (request.memory.last_plan_at_s or 0.0))
+        goal = Goal(self.goal.kind, value) if self.goal.kind in ("deadline", "budget") else None
+        try:
+            summary = spot_summary(plan, self.inventory.types, self.inventory.private, view.work, goal)
+        except (KeyError, ValueError):  # a plan this view cannot price again: the table alone
+            return
+        if summary is not None:
+            self.say("\n".join(summary.lines()))
 
     def _promise(self, request) -> dict[str, Any]:
         m = request.memory

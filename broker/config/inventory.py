@@ -40,6 +40,18 @@ Schema (every key but the marked ones optional)::
           pending_timeout: 10m    # still pending in EC2 this long after launch: terminated and
                                   # counted as a launch failure of the type (default 10m)
           billing: ...            # overrides aws.billing for this type
+        - name: c5.xlarge         # the same EC2 type once more, on the spot market
+          market: spot            # on-demand (default) | spot; the broker calls it c5.xlarge@spot
+          price: 0.05             # the spot price the plan counts on (USD per hour), and/or
+          max_price: 0.08         # the cap sent to EC2 (default: EC2's, the on-demand price);
+                                  # with max_price alone the plan counts on the cap
+          interruptions_per_hour: 0.05   # rate of interruptions per running instance, or
+          interruption_bucket: "<5%"     # the Spot Instance Advisor's monthly bucket:
+                                  # <5%, 5-10%, 10-15%, 15-20%, >20% (see SPOT_BUCKETS)
+          slots: 4, speed: 5, limit: 20, boot: 90s   # as above; billing defaults to
+                                  # per-second, as EC2 bills spot
+
+Two entries of ``aws.types`` may share a ``name`` only if one is on-demand and one spot.
 
 An inventory of types alone is enough to plan and simulate. ``live=True`` (a real run)
 additionally demands the AWS connection fields ``region``, ``ami``, ``key_name`` and
@@ -53,12 +65,13 @@ read the inventory as the run did.
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 from pathlib import Path
 
 from broker.core.billing import Billing
-from broker.core.model import Inventory, MachineType, PrivateNode
+from broker.core.model import MARKETS, ON_DEMAND, SPOT, Inventory, MachineType, PrivateNode, spot_key
 
 from .aws import AwsSettings
 from .errors import ConfigError, Problem
@@ -394,39 +407,139 @@ def _billing(check: Checker, node: Node, path: str) -> Billing | None:
 
 def _machine_types(check: Checker, node: Node | None, default_billing: Billing) -> list[MachineType]:
     items = check.sequence(node, "aws.types") or ()
-    _check_unique_names(check, items, "aws.types", "EC2 type")
+    _check_unique_types(check, items)
     parsed = (_machine_type(check, item, join("aws.types", index), default_billing) for index, item in enumerate(items))
     return [t for t in parsed if t is not None]
+
+
+def _check_unique_types(check: Checker, items: tuple[Node, ...]) -> None:
+    """An EC2 type may appear once per market; report a repeat, citing the first line."""
+    first_line: dict[tuple[str, object], int] = {}
+    for index, item in enumerate(items):
+        fields = item.value if item.is_mapping else {}
+        name_node = fields.get("name")
+        if name_node is None or not isinstance(name_node.value, str):
+            continue
+        market_node = fields.get("market")
+        market = market_node.value if market_node is not None else ON_DEMAND
+        key = (name_node.value, market)
+        if key in first_line:
+            check.problem(join(join("aws.types", index), "name"),
+                          f"duplicate EC2 type name '{name_node.value}'"
+                          + (" in the spot market" if market == SPOT else "")
+                          + f" (first used on line {first_line[key]})",
+                          name_node.where)
+        else:
+            first_line[key] = name_node.where
+
+
+# Spot Instance Advisor buckets: the share of a type's spot instances AWS interrupted in the
+# last month. The plan counts on the bucket's upper edge (">20%" is open: taken as 50%) and
+# turns it into a rate per running hour of a Poisson process, -ln(1 - share) / 730 h.
+SPOT_BUCKETS = {"<5%": 0.05, "5-10%": 0.10, "10-15%": 0.15, "15-20%": 0.20, ">20%": 0.50}
+_HOURS_PER_MONTH = 730.0
+
+
+def bucket_rate_per_hour(bucket: str) -> float:
+    """Interruptions per running hour that the plan counts on for an advisor ``bucket``."""
+    return -math.log(1.0 - SPOT_BUCKETS[bucket]) / _HOURS_PER_MONTH
 
 
 def _machine_type(check: Checker, item: Node, path: str, default_billing: Billing) -> MachineType | None:
     fields = check.mapping(
         item,
         path,
-        required=("name", "slots", "speed", "price", "limit"),
-        optional=("boot", "billing", "pending_timeout"),
+        required=("name", "slots", "speed", "limit"),
+        optional=("price", "boot", "billing", "pending_timeout", "market", *_SPOT_FIELDS),
     )
     if fields is None:
         return None
     before = len(check.problems)
     name = check.string(fields["name"], join(path, "name")) if "name" in fields else None
+    if name is not None and "@" in name:
+        check.problem(join(path, "name"), f"'{name}' is not an EC2 type name ('@' is not allowed; "
+                      "say market: spot for a spot offer)", fields["name"].where)
+    market = _market(check, fields, path)
+    spot = _spot_fields(check, fields, path, market) if market is not None else None
     slots = check.integer(fields["slots"], join(path, "slots"), minimum=1) if "slots" in fields else None
     speed = check.number(fields["speed"], join(path, "speed"), positive=True) if "speed" in fields else None
     price = check.number(fields["price"], join(path, "price"), minimum=0) if "price" in fields else None
+    if price is None and market == ON_DEMAND and "price" not in fields:
+        check.problem(join(path, "price"), "missing required key 'price'", item.where)
     limit = check.integer(fields["limit"], join(path, "limit"), minimum=0) if "limit" in fields else None
     boot_s = check.duration(fields["boot"], join(path, "boot")) if "boot" in fields else 0.0
-    billing = _billing(check, fields["billing"], join(path, "billing")) if "billing" in fields else default_billing
+    type_default = Billing.per_second() if market == SPOT else default_billing
+    billing = _billing(check, fields["billing"], join(path, "billing")) if "billing" in fields else type_default
     pending_s = (check.duration(fields["pending_timeout"], join(path, "pending_timeout"), positive=True)
                  if "pending_timeout" in fields else 600.0)
-    if len(check.problems) > before or None in (name, slots, speed, price, limit, boot_s, billing, pending_s):
+    if len(check.problems) > before or None in (name, market, spot, slots, speed, limit, boot_s, billing, pending_s):
+        return None
+    rate, max_price = spot
+    if market == SPOT and price is not None and max_price is not None and price > max_price:
+        check.problem(join(path, "price"), f"price {price:g} is above max_price {max_price:g}: EC2 would never "
+                      "sell at the price the plan counts on", fields["price"].where)
         return None
     return MachineType(
-        name=name,
+        name=spot_key(name) if market == SPOT else name,
         slots=slots,
         speed=speed,
-        price_per_hour=price,
+        price_per_hour=price if price is not None else max_price,
         limit=limit,
         boot_s=boot_s,
         billing=billing,
         pending_timeout_s=pending_s,
+        market=market,
+        ec2_type=name if market == SPOT else "",
+        interruptions_per_hour=rate,
+        max_price_per_hour=max_price,
     )
+
+
+_SPOT_FIELDS = ("max_price", "interruptions_per_hour", "interruption_bucket")
+
+
+def _market(check: Checker, fields: dict[str, Node], path: str) -> str | None:
+    if "market" not in fields:
+        return ON_DEMAND
+    node = fields["market"]
+    value = check.string(node, join(path, "market"))
+    if value is not None and value not in MARKETS:
+        check.problem(join(path, "market"), f"unknown market {value!r}{suggestion(value, MARKETS)}; "
+                      f"expected {' or '.join(MARKETS)}", node.where)
+        return None
+    return value
+
+
+def _spot_fields(check: Checker, fields: dict[str, Node], path: str,
+                 market: str) -> tuple[float, float | None] | None:
+    """``(interruptions_per_hour, max_price)`` of a spot entry; ``(0, None)`` on-demand, which
+    may not carry spot fields."""
+    if market == ON_DEMAND:
+        for key in _SPOT_FIELDS:
+            if key in fields:
+                check.problem(join(path, key), f"'{key}' applies to spot offers only; add market: spot",
+                              fields[key].where)
+        return 0.0, None
+    max_price = (check.number(fields["max_price"], join(path, "max_price"), positive=True)
+                 if "max_price" in fields else None)
+    if "price" not in fields and "max_price" not in fields:
+        check.problem(path, "a spot offer needs a price (the spot price the plan counts on) "
+                      "or a max_price (the cap; the plan then counts on the cap)", None)
+    has_rate, has_bucket = "interruptions_per_hour" in fields, "interruption_bucket" in fields
+    if has_rate == has_bucket:
+        check.problem(path, "a spot offer needs exactly one of interruptions_per_hour and "
+                      f"interruption_bucket ({', '.join(SPOT_BUCKETS)})", None)
+        return None
+    if has_rate:
+        rate = check.number(fields["interruptions_per_hour"], join(path, "interruptions_per_hour"), minimum=0)
+        return None if rate is None else (rate, max_price)
+    node = fields["interruption_bucket"]
+    bucket = check.string(node, join(path, "interruption_bucket"))
+    if bucket is None:
+        return None
+    if bucket not in SPOT_BUCKETS:
+        check.problem(join(path, "interruption_bucket"), f"unknown bucket {bucket!r}"
+                      f"{suggestion(bucket, SPOT_BUCKETS)}; expected one of {', '.join(SPOT_BUCKETS)}",
+                      node.where)
+        return None
+    return bucket_rate_per_hour(bucket), max_price

@@ -12,6 +12,16 @@ from typing import Mapping
 from .billing import Billing
 
 
+ON_DEMAND = "on-demand"
+SPOT = "spot"
+MARKETS = (ON_DEMAND, SPOT)
+
+
+def spot_key(ec2_type: str) -> str:
+    """The broker's name for the spot offer of ``ec2_type``."""
+    return f"{ec2_type}@{SPOT}"
+
+
 @dataclass(frozen=True, slots=True)
 class MachineType:
     """A rentable (public cloud) instance type.
@@ -20,6 +30,15 @@ class MachineType:
     ``limit`` caps how many instances of the type may run at once; ``boot_s`` is launch to ready.
     ``pending_timeout_s``: an instance EC2 still shows ``pending`` this long after its launch
     is terminated and counted as a launch failure of the type.
+
+    ``market``: ``on-demand`` or ``spot``. A spot entry's ``name`` is its key everywhere in
+    the broker (plans, ledger, journal): the EC2 type with ``@spot`` appended, so that the
+    same EC2 type may be offered once per market (:func:`spot_key`); ``ec2_type`` is what
+    ``RunInstances`` is asked for (:attr:`instance_type`). ``price_per_hour`` of a spot entry
+    is the price the plan counts on (the inventory's ``price``, else its ``max_price``);
+    ``max_price_per_hour`` is the cap sent to EC2 (``None``: EC2's default, the on-demand
+    price). ``interruptions_per_hour`` is the rate of a Poisson process of interruptions per
+    running instance (0 for on-demand).
     """
 
     name: str
@@ -30,6 +49,19 @@ class MachineType:
     boot_s: float = 0.0
     billing: Billing = field(default_factory=Billing.hourly)
     pending_timeout_s: float = 600.0
+    market: str = ON_DEMAND
+    ec2_type: str = ""
+    interruptions_per_hour: float = 0.0
+    max_price_per_hour: float | None = None
+
+    @property
+    def instance_type(self) -> str:
+        """The EC2 instance type to launch (``c5.xlarge`` for the key ``c5.xlarge@spot``)."""
+        return self.ec2_type or self.name
+
+    @property
+    def is_spot(self) -> bool:
+        return self.market == SPOT
 
     @property
     def capacity_per_s(self) -> float:

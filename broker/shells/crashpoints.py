@@ -9,9 +9,11 @@ occurrence of the named point, so a test can kill a real daemon at an exact plac
   ``complete``, ``fail``, ``record_launch``, ``record_instance_state``, ``set_release``,
   ``task_started``, ``task_finished``, ``task_failed``, ``attempt_lost``, ``attempt_cancelled``,
   ``requeue_running``, ``record_sample_draws``, ``record_plan``, ``add_tasks``,
-  ``create_run``, ``finish_run``, and ``batch`` (the commit of a batch of results or starts);
-  inside a batch the kill lands before its commit, so the batch is lost, as a real crash
-  would lose it;
+  ``create_run``, ``finish_run``, and ``batch`` (the end of a batch of results or starts);
+  inside a batch, or a batch inside the turn's group, the kill lands before the commit, so
+  the batch (the whole group so far) is lost, as a real crash would lose it;
+- ``group``: right after a turn's group committed, before what waited for the commit (the
+  results' acknowledgements, the started attempts sent to their agents) is carried out;
 - an event, ``event:<name>`` (``event:task.done``, ``event:instance.launch``, ...): after
   it is written to the journal;
 - an EC2 call that returned, before its outcome is journaled: ``fleet.launch``,
@@ -93,6 +95,12 @@ class CrashingJournal:
         with self._journal.batch():
             yield self
         self._plan.hit("batch")
+
+    @contextmanager
+    def group(self) -> Iterator["CrashingJournal"]:
+        with self._journal.group():
+            self._journal.after_commit(lambda: self._plan.hit("group"))  # the first thing after the commit
+            yield self
 
     def __enter__(self) -> "CrashingJournal":
         return self

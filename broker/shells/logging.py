@@ -21,6 +21,7 @@ Off a terminal the console gets every event at ``level`` and above, as JSON line
 
 from __future__ import annotations
 
+import json as json_module
 import logging
 import os
 import sys
@@ -36,12 +37,27 @@ from workers.protocol import MASK, looks_secret  # noqa: F401 - looks_secret is 
 from workers.protocol import MIN_SECRET_LEN as _MIN_SECRET_LEN
 
 _secret_values: set[str] = set()
+_longest_first: tuple[str, ...] = ()  # _secret_values, longest first (a secret inside another)
+_secret_keys: dict[str, bool] = {}  # looks_secret, remembered per key (log keys are few)
 
 
 def register_secret(value: str) -> None:
     """Mask ``value`` wherever it appears in a later log line (ignored if shorter than 6)."""
-    if isinstance(value, str) and len(value) >= _MIN_SECRET_LEN:
+    global _longest_first
+    if isinstance(value, str) and len(value) >= _MIN_SECRET_LEN and value not in _secret_values:
         _secret_values.add(value)
+        _longest_first = tuple(sorted(_secret_values, key=len, reverse=True))
+
+
+def _secret_key(key: Any) -> bool:
+    if not isinstance(key, str):
+        return False
+    hit = _secret_keys.get(key)
+    if hit is None:
+        if len(_secret_keys) > 4096:  # keys from data (a fleet's type names): keep it bounded
+            _secret_keys.clear()
+        hit = _secret_keys[key] = looks_secret(key)
+    return hit
 
 
 def register_secrets_in(mapping: Any) -> None:
@@ -54,12 +70,12 @@ def register_secrets_in(mapping: Any) -> None:
 def mask_secrets(value: Any) -> Any:
     """``value`` with secret-named entries and registered secret values masked, at any depth."""
     if isinstance(value, str):
-        for secret in sorted(_secret_values, key=len, reverse=True):
+        for secret in _longest_first:
             if secret in value:
                 value = value.replace(secret, MASK)
         return value
     if isinstance(value, dict):
-        return {k: MASK if isinstance(k, str) and looks_secret(k) else mask_secrets(v) for k, v in value.items()}
+        return {k: MASK if _secret_key(k) else mask_secrets(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(mask_secrets(v) for v in value)
     return value
@@ -119,11 +135,14 @@ def configure_logging(
     fan_out = _fan_out(sinks, console, renderer, shown)
     # The record (extra files) takes every level; the console filters in fan_out.
     floor = logging.DEBUG if extra_files else console_level
+    chain = processors + [fan_out]
     structlog.configure(
-        processors=processors + [fan_out],
+        processors=chain,
         wrapper_class=structlog.make_filtering_bound_logger(floor),
         cache_logger_on_first_use=False,
     )
+    global _route
+    _route = _Route(chain, sinks, console, renderer, renderer is json_renderer, shown, floor, dict(bind or {}))
     # stdlib logging (APScheduler, paramiko, botocore) goes through the same sinks at WARNING+.
     root = logging.getLogger()
     for h in list(root.handlers):
@@ -165,31 +184,106 @@ def _fan_out(sinks: list[tuple[Any, Any]], console: Callable[[], TextIO], render
     (whole lines; a full disk drops that file and says so on the console)."""
 
     def fan_out(logger: Any, name: str, event: dict[str, Any]) -> str:
+        lines: dict[int, str] = {}  # one rendering per renderer (the JSON one serves every file)
         for sink, render in list(sinks):
+            line = lines.get(id(render))
             if sink is None:
                 if shown(event):
+                    if line is None:
+                        line = lines[id(render)] = render(logger, name, dict(event))
                     out = console()
-                    out.write(render(logger, name, dict(event)) + "\n")
+                    out.write(line + "\n")
                     out.flush()
                 continue
-            line = render(logger, name, dict(event))
-            try:
-                _append_line(sink, line)
-            except OSError as exc:
-                if not is_disk_full(exc):
-                    raise
-                sinks.remove((sink, render))
-                where = getattr(sink, "name", "<log file>")
-                note = DiskFull(os.path.dirname(os.path.abspath(where)) if isinstance(where, str) else where,
-                                f"{where} stops before this event ({exc.strerror}); later events go to "
-                                "stderr only; every line written before is whole")  # fmt: skip
-                warning = {**event, "event": "log.disk_full", "level": "error", "message": str(note),
-                           "dropped_event": name}  # fmt: skip
-                console().write(renderer(logger, name, warning) + "\n")
-                console().flush()
+            if line is None:
+                line = lines[id(render)] = render(logger, name, dict(event))
+            _to_file(sinks, (sink, render), line, event, console, renderer)
         raise structlog.DropEvent
 
     return fan_out
+
+
+def _to_file(sinks: list[tuple[Any, Any]], entry: tuple[Any, Any], line: str, event: dict[str, Any],
+             console: Callable[[], TextIO], renderer: Any) -> None:
+    """One line to one file sink; a full disk drops that file (from ``sinks``) and says so on
+    the console."""
+    sink = entry[0]
+    try:
+        _append_line(sink, line)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        sinks.remove(entry)
+        where = getattr(sink, "name", "<log file>")
+        note = DiskFull(os.path.dirname(os.path.abspath(where)) if isinstance(where, str) else where,
+                        f"{where} stops before this event ({exc.strerror}); later events go to "
+                        "stderr only; every line written before is whole")  # fmt: skip
+        name = str(event.get("event"))
+        warning = {**event, "event": "log.disk_full", "level": "error", "message": str(note),
+                   "dropped_event": name}  # fmt: skip
+        console().write(renderer(None, name, warning) + "\n")
+        console().flush()
+
+
+class _Route:
+    """Where :func:`configure_logging` sends events, for :func:`write_event`'s direct path."""
+
+    def __init__(self, chain: list[Any], sinks: list[tuple[Any, Any]], console: Callable[[], TextIO],
+                 renderer: Any, console_json: bool, shown: Callable[[dict[str, Any]], bool], floor: int,
+                 bind: dict[str, Any]) -> None:
+        self.chain, self.last, self.sinks, self.console, self.renderer = chain, chain[-1], sinks, console, renderer
+        self.console_json, self.shown, self.floor, self.bind = console_json, shown, floor, bind
+
+
+_route: _Route | None = None
+_STAMP = structlog.processors.TimeStamper(fmt="iso", utc=True)
+_strict = json_module.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str, allow_nan=False).encode
+_loose = json_module.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str).encode  # the journal's
+
+
+def _in_force(route: _Route) -> bool:
+    """Whether structlog still runs :func:`configure_logging`'s chain (capture_logs swaps its
+    processors in place)."""
+    chain = structlog.get_config()["processors"]
+    return chain is route.chain and bool(chain) and chain[-1] is route.last
+
+
+def write_event(name: str, fields: dict[str, Any], *, level: str = "info",
+                context: dict[str, Any] | None = None) -> str:
+    """Log one event with one masking pass and one JSON encoding: the same line goes to
+    ``events.jsonl`` and (off a terminal) the console; returns the masked fields as the
+    journal stores them (:meth:`Journal.record_event` takes the string as is), so a per-task
+    event is formatted and masked once however many places receive it.
+
+    When the set-up of :func:`configure_logging` is not the one in force (a test capturing
+    log events, a tool that configured its own), the event goes through structlog as usual.
+    """
+    masked = mask_secrets(fields)
+    try:
+        encoded = _strict(masked)
+    except ValueError:  # a non-finite number: null in the log (strict JSON), as is in the journal
+        encoded = None
+    route = _route
+    head = {**(route.bind if route else {}), **(context or {}), **structlog.contextvars.get_contextvars()}
+    if (route is None or encoded is None or not _in_force(route)
+            or not head.keys().isdisjoint(masked) or not {"event", "level", "timestamp"}.isdisjoint(masked)):
+        structlog.get_logger().bind(**head).log(_LEVELS[level], name, **masked)
+        return encoded if encoded is not None else _loose(masked)
+    if _LEVELS[level] < route.floor:
+        return encoded
+    head.update(event=name, level=level, timestamp=_STAMP(None, "", {})["timestamp"])
+    prefix = _strict(head)
+    line = prefix if encoded == "{}" else f"{prefix[:-1]},{encoded[1:]}"
+    event = {**head, **masked}
+    for entry in list(route.sinks):
+        sink, render = entry
+        if sink is not None:
+            _to_file(route.sinks, entry, line, event, route.console, route.renderer)
+        elif route.shown(event):
+            out = route.console()
+            out.write((line if route.console_json else render(None, name, event)) + "\n")
+            out.flush()
+    return encoded
 
 
 def json_safe(value: Any) -> Any:

@@ -54,6 +54,16 @@ class FleetPlanner:
             self._lean = FleetPlanner(replace(self.options, phi_s=0.0))
         return self._lean
 
+    def for_budget(self) -> "FleetPlanner":
+        """The planner a budget goal plans with: no gap factor on types billed by the second
+        (``PlanOptions.phi_fine_billed``); hourly types keep it (a plan that runs short there
+        buys whole hours, or leaves the bag undone when the budget cannot)."""
+        if getattr(self, "_budget", None) is None:
+            from dataclasses import replace
+
+            self._budget = FleetPlanner(replace(self.options, phi_fine_billed=False))
+        return self._budget
+
     def input(self, types, private, nodes, rem, now_s: float, unit_started: bool = False,
               tail_ref_s: float | None = None) -> PlannerInput:
         """``unit_started``: an instance kept past ``now`` counts as paid to the end of the

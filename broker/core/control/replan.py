@@ -212,7 +212,7 @@ def solve_plain(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem
         # point value; a launch still has to survive the hysteresis band.
         rem = replace(rem, upper_ref_s=min(rem.upper_ref_s, rem.point_ref_s))
     if ctl.goal.kind == GoalKind.BUDGET:
-        return solve_budget(ctl.planner, ctl, snap, memory, now, rem, scale, launches)
+        return solve_budget(ctl.planner.for_budget(), ctl, snap, memory, now, rem, scale, launches)
     pin = planner_input(ctl, snap, now, rem)
     if not launches:  # the current fleet (and private nodes) only
         pin = replace(pin, types=tuple(replace(t, limit=0) for t in pin.types))

@@ -18,7 +18,9 @@ Every resource contributes work as a *ramp*: it works at rate r from ``start`` u
     private node v busy x_v of the horizon: start = g_v,                   end = g_v + x_v T
 
 (the allowance g is the tail of a machine's life the plan does not count on; for a private
-node it caps its share at x_v <= 1 - g_v / T).
+node it caps its share at x_v <= 1 - g_v / T; an instance's g follows its billing,
+``instance_start_s``). A spot offer's rate r is its effective rate eta r (``spot.py``, S2):
+the work its paid time does in expectation, interruptions counted.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Iterable, Sequence
 
 from ..billing import Billing
 from ..model import ExistingInstance, MachineType, PrivateNode
+from .spot import spot_rate_factor
 from .types import PlanOptions, Work
 
 # Relative slack when comparing capacity with work (floating-point sums of ramps).
@@ -46,6 +49,13 @@ def allowance_s(speed: float, work: Work, options: PlanOptions) -> float:
     """g = min(phi, phi_tasks x long task / speed) + tail_task_fraction x (mean task / speed)
     (:meth:`PlanOptions.allowance_s`: phi scales down with short tasks)."""
     return options.allowance_s(speed, work.mean_ref_s, work.sd_ref_s)
+
+
+def instance_start_s(t: MachineType, work: Work, options: PlanOptions) -> float:
+    """An instance's ramp starts this long after it is ready: its allowance g (at the end of
+    its life, taken at the start), which may depend on its billing unit
+    (``PlanOptions.phi_fine_billed``)."""
+    return options.allowance_s(t.speed, work.mean_ref_s, work.sd_ref_s, t.billing.unit_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,8 +185,8 @@ class Catalogue:
                 ExistingOffer(
                     instance=inst,
                     type=t,
-                    rate_per_s=t.capacity_per_s,
-                    start_s=ready_s + allowance_s(t.speed, work, options),
+                    rate_per_s=t.capacity_per_s * spot_rate_factor(t, work),
+                    start_s=ready_s + instance_start_s(t, work, options),
                     paid_s=max(0.0, inst.paid_until_s - now_s),
                     quantum_s=planning_quantum_s(t.billing, options),
                 )
@@ -184,14 +194,14 @@ class Catalogue:
         news = []
         for index, t in enumerate(types):
             room = t.limit - kept.get(t.name, 0)
-            if room <= 0 or t.capacity_per_s <= 0:
+            if room <= 0 or t.capacity_per_s * spot_rate_factor(t, work) <= 0:
                 continue
             news.append(
                 NewOffer(
                     index=index,
                     type=t,
-                    rate_per_s=t.capacity_per_s,
-                    start_s=t.boot_s + allowance_s(t.speed, work, options),
+                    rate_per_s=t.capacity_per_s * spot_rate_factor(t, work),
+                    start_s=t.boot_s + instance_start_s(t, work, options),
                     quantum_s=planning_quantum_s(t.billing, options),
                     limit=room,
                 )

@@ -13,6 +13,7 @@ from ..model import ExistingInstance, MachineType, PrivateNode
 from .front import Front, choose_point, choose_theta, plan_front
 from .mincost import min_cost
 from .search import min_makespan
+from .spotplan import spot_min_cost, spot_min_makespan
 from .types import Plan, PlanOptions, Work
 
 
@@ -43,14 +44,23 @@ def plan_for_goal(
     front: Front | None = None,
     hint_s: float | None = None,
     nearest: bool = False,
+    confidence: float = 0.9,
 ) -> Plan:
     """The plan meeting ``goal``; ``front`` (when the caller has one) serves point, theta and
     no goal (:func:`choose_on_front`, with ``nearest``); ``hint_s`` is where a budget's
-    search starts.
+    search starts. With spot offers in ``types`` a deadline is held at ``confidence`` under
+    interruptions and a budget keeps a reserve for them (``spotplan.py``).
 
     Raises NoFeasiblePlan when a deadline or budget cannot be met, ValueError for a point
     that is not on the front.
     """
+    spot = any(t.is_spot for t in types)
+    if spot and goal.kind is GoalKind.DEADLINE:
+        return spot_min_cost(types, private, work, goal.value, existing=existing, now_s=now_s, options=options,
+                             confidence=confidence)
+    if spot and goal.kind is GoalKind.BUDGET:
+        return spot_min_makespan(types, private, work, goal.value, existing=existing, now_s=now_s, options=options,
+                                 confidence=confidence, hint_s=hint_s)
     if goal.kind is GoalKind.DEADLINE:
         return min_cost(types, private, work, goal.value, existing=existing, now_s=now_s, options=options)
     if goal.kind is GoalKind.BUDGET:

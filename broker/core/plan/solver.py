@@ -21,7 +21,19 @@ Solvers (``PlanOptions.solver``):
             catalogues, 20 per-second types, re-plans with 64 running machines and random
             catalogues of 5-60 types under 4 billing schemes. Racing the two was not worth it
             here: outside a narrow band (80-110 columns) one of them wins on most models, and a
-            race would take both of this machine's 2 cores for every solve.
+            race would take both of this machine's 2 cores for every solve. On the 24 HiGHS
+            solves of the 20 per-second front (80 columns) HiGHS took 873 CPU ms, CBC 990 and
+            the faster of the two each time 618; and a race would make the plan depend on which
+            finished first wherever the two stop at different tie-equal plans (HiGHS proves
+            optimality to about 1e-8 of the objective: thesis x20 at 44 h did, with HiGHS's
+            default cut pool).
+
+Not done, measured: warm starts. HiGHS given the previous horizon's solution as an incumbent
+solved the thesis fronts in 421/319 CPU ms against 442/328 cold and the budget searches in
+87/92 against 66/90 (same optima); even the optimum itself as the incumbent saves at most half.
+Building the model is 5-15% of a front's or a search's CPU time (``bench/bench_plan.py``
+prints where the time goes), so a model kept between solves and changed in place would save
+less than that.
 
 Both solvers are run to the same gaps: ``gap_rel`` and an absolute gap below the planner's
 tie-break, so that equal-cost plans are told apart by the tie-break in the objective and the
@@ -52,7 +64,9 @@ SOLVERS = ("auto", "highs", "cbc")
 # up to 90 columns HiGHS was faster on 22 of 25 models (thesis x20: 10-17 against 75-82;
 # 64 running machines: 2-8 against 8-20); from 115 columns CBC was faster on 7 of 9 and tied
 # on the other two (60 per-second types, 240 columns: HiGHS 725, CBC 37); at 80 columns
-# each won twice.
+# each won twice. Re-measured with the shifting heuristic and the small cut pool (35 models,
+# CPU ms in all under auto at a threshold of): 80 -> 520, 100 -> 510, 150 -> 513, 200 -> 578;
+# HiGHS always 633, CBC always much more; the faster of the two on each model 434.
 HIGHS_UP_TO_COLUMNS = 100
 
 # Feasibility tolerance given to the solvers (rows are scaled to O(1) by the model builder).
@@ -150,6 +164,13 @@ _HIGHS_OPTIONS = {
     "mip_heuristic_run_rens": False,
     "mip_heuristic_run_root_reduced_cost": False,
     "mip_allow_restart": False,
+    # Two cheap changes measured together on the 98 MIPs the planner bench solves (thesis
+    # solves, fronts and budget searches, 20 per-second types, re-plans of 64 machines; CPU ms
+    # in HiGHS, 3 rounds): 1,206 -> 862 in all, the thesis models 296 -> 256, the same optimum
+    # on every model. The shifting heuristic is a rounding that costs no LP solve; a small cut
+    # pool keeps node LPs as small as these 17-80 column models (10,000 by default).
+    "mip_heuristic_run_shifting": True,
+    "mip_pool_soft_limit": 10,
     # Branch on pseudo-costs without waiting for strong-branching samples (default: 8). On 22
     # models (thesis and 20-type catalogues at 5 deadlines, re-plans, the thesis catalogue
     # just past its fastest makespan) an exact solve took 171 CPU ms in all with 0, 354 with

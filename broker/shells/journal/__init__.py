@@ -11,12 +11,15 @@ Durability and concurrency
 - ``PRAGMA journal_mode=WAL``: the daemon writes while ``broker status`` reads from another
   process (read-only, ``mode=ro`` URI); readers see the last committed transaction and never
   block the writer.
-- ``PRAGMA synchronous=FULL``: every commit is fsynced before the call returns. In WAL mode
-  ``NORMAL`` already survives a killed *process*, but after a power loss or kernel panic it
-  may roll back the last commits; for an intent log that would forget an intent whose EC2
-  call went through (an instance paid for and not known). A commit costs ~0.25 ms on a quiet
-  disk here and a few ms on a busy one (bench/bench_journal.py); actions are few, and a burst
-  of task results shares one commit through :meth:`Journal.batch`.
+- ``PRAGMA synchronous=NORMAL`` for results and events, ``FULL`` for what guards money. In
+  WAL mode ``NORMAL`` survives a killed *process*; after a power loss or kernel panic it may
+  roll back the last commits (never tear one). The daemon commits each turn once
+  (:meth:`Journal.group`: its results, events and starts) and acknowledges results and sends
+  new attempts only after that commit (:meth:`Journal.after_commit`), so a lost turn's
+  results are replayed by their agents and its attempts never left. An intent (launch,
+  terminate, describe) is committed with ``FULL`` before its EC2 call, fsyncing the WAL with
+  every commit before it: forgetting an intent whose call went through would leave an
+  instance paid for and not known. bench/bench_journal.py measures both commits and a turn.
 - Every public method is one short transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``); readers
   take one snapshot per call, so the counts they return always add up.
 - One writer thread is assumed; a lock makes calls from a second thread (a scheduler job)

@@ -32,7 +32,10 @@ class JournalBase:
         self._clock = clock
         self.anchor_s = float(anchor_s)
         self._lock = threading.RLock()
-        self._in_batch = False
+        self._in_batch = False  # a transaction is open: a batch's or a group's (calls are savepoints)
+        self._batch_open = False  # a batch() block is open (batches do not nest)
+        self._group_open = False  # a group() block is open (a turn: one transaction)
+        self._after: list[Callable[[], None]] = []  # to run once the open transaction committed
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
@@ -77,7 +80,7 @@ class JournalBase:
             mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if mode.lower() != "wal":
                 raise JournalError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
-            db.execute("PRAGMA synchronous = FULL")
+            db.execute("PRAGMA synchronous = NORMAL")  # FULL for the writes that guard money: _durable()
         with self._read() if self.readonly else self._write():
             has_meta = db.execute(
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
@@ -131,11 +134,15 @@ class JournalBase:
 
     # -- transactions ----------------------------------------------------------------------
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One call's writes, all or nothing: a transaction, or a savepoint inside a batch."""
+    def _write(self, one_statement: bool = False) -> Iterator[sqlite3.Connection]:
+        """One call's writes, all or nothing: a transaction, or a savepoint inside a batch or
+        group (none for a call of ``one_statement``: a statement is atomic by itself)."""
         if self.readonly:
             raise JournalError(f"{self.path} was opened read-only")
         with self._lock:
+            if one_statement and self._in_batch:
+                yield self._db
+                return
             begin, commit, rollback = (
                 ("SAVEPOINT call", "RELEASE call", "ROLLBACK TO call; RELEASE call")
                 if self._in_batch
@@ -188,36 +195,150 @@ class JournalBase:
 
     @contextmanager
     def batch(self) -> Iterator["JournalBase"]:
-        """Group many calls into one transaction, hence one fsync: for bursts of results.
+        """Group many calls into one transaction, hence one commit: for bursts of results.
 
         Each call inside stays all or nothing (a savepoint), and a call that raises leaves
         the others intact if the caller catches the error. The block as a whole is all or
         nothing: an exception out of it rolls everything back, and nothing is durable until
         it ends, so never carry out an action whose intent was written inside a batch
-        before the batch has ended. Other threads wait for the batch; batches do not nest.
+        before the batch has ended (:meth:`after_commit`). Inside a :meth:`group` a batch is
+        a savepoint of the group's transaction: durable when the group commits. Other
+        threads wait for the batch; batches do not nest.
+        """
+        if self.readonly:
+            raise JournalError(f"{self.path} was opened read-only")
+        with self._lock:
+            if self._batch_open:
+                raise JournalError("journal batches do not nest")
+            self._batch_open = True
+            try:
+                if self._group_open:
+                    with self._savepoint("batch"):
+                        yield self
+                else:
+                    with self._transaction():
+                        yield self
+            finally:
+                self._batch_open = False
+
+    @contextmanager
+    def group(self) -> Iterator["JournalBase"]:
+        """Group commit: every write of the block (a turn of the daemon's loop: its results,
+        events and starts, batches included) in one transaction, committed once at the end
+        with ``synchronous=NORMAL`` (in WAL mode: safe against a killed process; a power
+        loss may roll back the last groups, never tear one).
+
+        A write that guards money (:meth:`_durable`: an intent, before its EC2 call) commits
+        the group so far and itself with ``synchronous=FULL`` (fsynced) before it returns,
+        then the group goes on in a new transaction. What must wait until the writes are
+        durable (acknowledging results to an agent, sending it the attempts just started) is
+        passed to :meth:`after_commit` and runs after the commit. An exception out of the
+        block rolls back what was not committed yet, and those callbacks are dropped.
         """
         if self.readonly:
             raise JournalError(f"{self.path} was opened read-only")
         with self._lock:
             if self._in_batch:
-                raise JournalError("journal batches do not nest")
-            self._db.execute("BEGIN IMMEDIATE")
-            self._in_batch = True
+                raise JournalError("a journal group opens outside any batch or group")
+            self._group_open = True
             try:
-                yield self
-            except BaseException:
-                self._roll_back("ROLLBACK")
-                raise
-            else:
-                try:
-                    self._db.execute("COMMIT")
-                except sqlite3.Error as exc:
-                    if not is_disk_full(exc):
-                        raise
-                    self._roll_back("ROLLBACK")
-                    raise self._disk_full(exc) from exc
+                with self._transaction():
+                    yield self
             finally:
-                self._in_batch = False
+                self._group_open = False
+
+    def after_commit(self, action: Callable[[], None]) -> None:
+        """Run ``action`` once what was written so far is committed: now outside a batch or
+        group, else when it ends (never if it rolls back)."""
+        with self._lock:
+            if self._in_batch:
+                self._after.append(action)
+                return
+        action()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """BEGIN IMMEDIATE ... COMMIT around the block, then the after-commit actions."""
+        self._db.execute("BEGIN IMMEDIATE")
+        self._in_batch = True
+        try:
+            yield
+        except BaseException:
+            self._roll_back("ROLLBACK")
+            self._after.clear()
+            raise
+        else:
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._after.clear()
+                if not is_disk_full(exc):
+                    raise
+                self._roll_back("ROLLBACK")
+                raise self._disk_full(exc) from exc
+        finally:
+            self._in_batch = False
+        self._run_after()
+
+    def _run_after(self) -> None:
+        """Every action, in order; one that raises does not keep the others (the acks to one
+        agent, the attempts sent to another) from running; the first error is raised after."""
+        actions, self._after = self._after, []
+        error: BaseException | None = None
+        for action in actions:
+            try:
+                action()
+            except Exception as exc:  # noqa: BLE001 - raised below, once the rest ran
+                error = error or exc
+        if error is not None:
+            raise error
+
+    @contextmanager
+    def _savepoint(self, name: str) -> Iterator[None]:
+        self._db.execute(f"SAVEPOINT {name}")
+        try:
+            yield
+        except BaseException:
+            self._roll_back(f"ROLLBACK TO {name}; RELEASE {name}")
+            raise
+        self._db.execute(f"RELEASE {name}")
+
+    @contextmanager
+    def _durable(self) -> Iterator[sqlite3.Connection]:
+        """One call's writes, committed and fsynced (``synchronous=FULL``) before it returns,
+        with everything written before it: for the records that guard money (an intent
+        before its EC2 call, the run's creation and end). Inside a group, the group so far
+        is committed first and goes on afterwards; inside a batch the call is part of the
+        batch, durable when it ends (see :meth:`batch`)."""
+        with self._lock:
+            if self._batch_open or self.readonly:
+                with self._write() as db:
+                    yield db
+                return
+            reopen = self._group_open
+            if reopen:  # the group so far: its own commit (the fsync below covers it: one WAL)
+                self._commit_group_so_far()
+            self._db.execute("PRAGMA synchronous = FULL")
+            try:
+                with self._write() as db:
+                    yield db
+            finally:
+                self._db.execute("PRAGMA synchronous = NORMAL")
+                if reopen:
+                    self._db.execute("BEGIN IMMEDIATE")
+                    self._in_batch = True
+
+    def _commit_group_so_far(self) -> None:
+        try:
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if not is_disk_full(exc):
+                raise
+            self._roll_back("ROLLBACK")
+            self._after.clear()
+            raise self._disk_full(exc) from exc
+        finally:
+            self._in_batch = self._db.in_transaction
 
     # -- time ----------------------------------------------------------------------------
     def _now(self, at_s: float | None) -> float:

@@ -71,7 +71,7 @@ class Journal(JournalReader):
             raise JournalError(f"goal kind must be one of {', '.join(GOAL_KINDS)}, got {goal_kind!r}")
         inv_hash = file_sha256(inventory_path) if inventory_path is not None else None
         bag_hash = file_sha256(bag_path) if bag_path is not None else None
-        with self._write() as db:
+        with self._durable() as db:
             existing = db.execute("SELECT id FROM run").fetchone()
             if existing is not None:
                 raise JournalError(f"{self.path} already holds run {existing[0]!r}: resume it instead")
@@ -105,7 +105,7 @@ class Journal(JournalReader):
         """Mark the run ``finished`` (bag done) or ``stopped`` (budget cap, user stop)."""
         if state not in ("finished", "stopped"):
             raise JournalError(f"a run ends 'finished' or 'stopped', not {state!r}")
-        with self._write() as db:
+        with self._durable() as db:
             changed = db.execute(
                 "UPDATE run SET state = ?, ended_at = ? WHERE state = 'running'", (state, self._now(at_s))
             ).rowcount
@@ -201,12 +201,16 @@ class Journal(JournalReader):
         attempt succeed, the task becomes done.
         """
         with self._write() as db:
-            self._require_task(db, task_id)
-            cur = db.execute(
-                "INSERT INTO attempts (task_id, attempt, node, started_at) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (task_id, attempt) DO NOTHING",
-                (task_id, int(attempt), node, self._now(at_s)),
-            )
+            try:  # an unknown task fails the attempts' foreign key
+                cur = db.execute(
+                    "INSERT INTO attempts (task_id, attempt, node, started_at) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (task_id, attempt) DO NOTHING",
+                    (task_id, int(attempt), node, self._now(at_s)),
+                )
+            except sqlite3.IntegrityError as exc:
+                if "FOREIGN KEY" in str(exc):
+                    raise JournalError(f"unknown task {task_id!r}") from exc
+                raise JournalError(f"attempt {attempt!r} of task {task_id!r} refused: {exc}") from exc
             if cur.rowcount != 1:
                 return False
             db.execute(
@@ -236,17 +240,19 @@ class Journal(JournalReader):
         """
         now = self._now(at_s)
         with self._write() as db:
-            self._require_task(db, task_id)
-            row = db.execute(
-                "SELECT outcome FROM attempts WHERE task_id = ? AND attempt = ?", (task_id, int(attempt))
+            known, outcome = db.execute(
+                "SELECT EXISTS (SELECT 1 FROM tasks WHERE id = ?),"
+                " (SELECT outcome FROM attempts WHERE task_id = ? AND attempt = ?)", (task_id, task_id, int(attempt))
             ).fetchone()
-            if row is not None and row[0] != "running":
+            if not known:
+                raise JournalError(f"unknown task {task_id!r}")
+            if outcome is not None and outcome != "running":
                 return False
             fields = (
                 now, result.outcome, result.exit_code, result.runtime_s, int(result.timed_out),
                 result.stdout_tail, result.stderr_tail, result.error,
             )
-            if row is None:
+            if outcome is None:  # no such attempt (outcome is NOT NULL in a row)
                 db.execute(
                     "INSERT INTO attempts (task_id, attempt, node, ended_at, outcome, exit_code, runtime_s,"
                     " timed_out, stdout_tail, stderr_tail, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -386,8 +392,12 @@ class Journal(JournalReader):
 
     # -- the intent/outcome log -------------------------------------------------------------
     def intend(self, kind: str, payload: Any, cause: str, *, at_s: float | None = None) -> int:
-        """Write an intent before carrying out an action; returns its id (``seq``)."""
-        with self._write() as db:
+        """Write an intent before carrying out an action; returns its id (``seq``).
+
+        Durable when this returns (fsynced, with everything written before it), inside a
+        :meth:`group` too: the action it guards may be carried out at once. Inside a
+        :meth:`batch` it is part of the batch (see there)."""
+        with self._durable() as db:
             cur = db.execute(
                 "INSERT INTO actions (kind, payload, cause, created_at) VALUES (?, ?, ?, ?)",
                 (kind, _json(payload), cause, self._now(at_s)),
@@ -544,9 +554,9 @@ class Journal(JournalReader):
             )
             return int(cur.lastrowid)  # type: ignore[arg-type]
 
-    def record_event(self, name: str, fields: Mapping[str, Any], *, at_s: float | None = None) -> None:
-        with self._write() as db:
-            db.execute(
-                "INSERT INTO events (at, name, fields) VALUES (?, ?, ?)",
-                (self._now(at_s), name, _json(dict(fields))),
-            )
+    def record_event(self, name: str, fields: Mapping[str, Any] | str, *, at_s: float | None = None) -> None:
+        """Store an event; ``fields`` is a mapping, or already its JSON (the log's one encoding of
+        it: :func:`broker.shells.logging.write_event`)."""
+        encoded = fields if isinstance(fields, str) else _json(dict(fields))
+        with self._write(one_statement=True) as db:
+            db.execute("INSERT INTO events (at, name, fields) VALUES (?, ?, ?)", (self._now(at_s), name, encoded))

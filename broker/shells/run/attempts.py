@@ -18,7 +18,7 @@ from broker.core.control.failures import AGENT_STOPPING, signature
 from broker.core.control.ledger import Ended, Followup, NodeQuarantined, Quarantine, Requeue
 from broker.shells.agent_client import NodeLost, TaskLost
 from broker.shells.journal import AttemptResult
-from broker.shells.logging import mask_secrets
+from broker.shells.logging import mask_secrets, write_event
 from workers.protocol import Result, Run
 
 from .types import SETUP_TASK, Reconnected, ReleaseDue
@@ -68,10 +68,11 @@ class AttemptsMixin:
                     self.journal.record_sample_draws([a.task_id])
                 self.journal.task_started(a.task_id, attempt.attempt, node, at_s=now)
                 runs[node].append(self._run_of(a.task_id, attempt.attempt))
-                self.log.info("task.start", task=a.task_id, attempt=attempt.attempt, node=node, slot=a.slot.index,
-                              cause=a.cause)
-        for node, batch in runs.items():  # only once the starts are durable
-            self.clients[node].submit(batch)
+                write_event("task.start", {"task": a.task_id, "attempt": attempt.attempt, "node": node,
+                                           "slot": a.slot.index, "cause": a.cause}, context={"run_id": self.opt.run_id})
+        for node, batch in runs.items():  # only once the starts are durable (the turn committed)
+            client = self.clients[node]
+            self.journal.after_commit(lambda n=node, c=client, b=batch: self.clients.get(n) is c and c.submit(b))
 
     # -- agent messages ----------------------------------------------------------------------
     def _on_agent_message(self, node: str, message: Any, acks: dict[str, list[tuple[str, int]]]) -> bool:

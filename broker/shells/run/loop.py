@@ -49,7 +49,7 @@ from broker.core.model import Bag, Inventory
 from broker.shells.clock import RunClock
 from broker.shells.diskfull import DiskFull
 from broker.shells.journal import Journal
-from broker.shells.logging import mask_secrets, register_secrets_in
+from broker.shells.logging import register_secrets_in, write_event
 
 from .actuator import Ec2Actuator, Ec2Answer, Timers
 from .attempts import AttemptsMixin, _round
@@ -234,6 +234,10 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
     # -- one turn ----------------------------------------------------------------------------
     def _turn(self) -> None:
         messages = self._drain()
+        with self.journal.group():  # one commit per turn; intents are fsynced before their call
+            self._turn_on(messages)
+
+    def _turn_on(self, messages: list[tuple[str | None, Any]]) -> None:
         if self.stop_requested and not self.stopping:
             if self.opt.on_stop == "leave" and self.stop_reason == "user_stop":
                 self.stopping = self.leaving = True
@@ -249,10 +253,10 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
                 for node, message in messages:
                     if node is not None:
                         changed |= self._on_agent_message(node, message, acks)
-        for node, keys in acks.items():
+        for node, keys in acks.items():  # an ack means "durably recorded": once the turn committed
             client = self.clients.get(node)
             if client is not None:
-                client.ack(keys)
+                self.journal.after_commit(lambda n=node, c=client, k=keys: self.clients.get(n) is c and c.ack(k))
         if self._to_fetch:  # before any release this turn, so an instance goes with its outputs fetched
             self._fetch_all_outputs()
         for message in control:
@@ -364,8 +368,8 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin):
 
     # -- events ------------------------------------------------------------------------------
     def _emit(self, name: str, **fields: Any) -> None:
-        self.log.info(name, **fields)
-        self.journal.record_event(name, mask_secrets(fields))
+        """One event, masked and encoded once: the log's line and the journal's row (write_event)."""
+        self.journal.record_event(name, write_event(name, fields, context={"run_id": self.opt.run_id}))
 
     def _committed_usd(self) -> float:
         return self.ledger.committed_usd(self.clock.now_s())
