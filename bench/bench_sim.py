@@ -1,11 +1,16 @@
 """Simulator speed: 100,000 tasks on 200 machines over days of virtual time.
 
     python3 bench/bench_sim.py [--tasks 100000] [--per-type 50] [--policies rr,broker]
+    python3 bench/bench_sim.py --scale     # issue 20: 100k tasks and 1M tasks on 1,000 machines
 
 Thesis catalogue (m1.small, c1.medium, m1.large, c1.xlarge; 50 of each = 200 machines,
 hourly billing) plus the private Xeon, the thesis LM workload (2^x minutes, x ~ N(1.8, 3)
-cut to [-2, 8]). Prints virtual makespan, wall time and the ratio of virtual to wall time.
-Goal (issue 4): <= 30 s of wall time.
+cut to [-2, 8]). Prints virtual makespan, wall and CPU time, the ratio of virtual to wall
+time and the process's peak RSS. Goals: issue 4, 100k tasks on 200 machines in <= 30 s;
+issue 20, 100k tasks on 1,000 machines in <= 10 s, 1M tasks on 1,000 machines in <= 120 s
+and <= 1 GB. ``--scale`` runs each of issue 20's cases (broker policy) in a process of its
+own, so each peak RSS is that case's alone. CPU time is the figure to compare on a loaded
+machine (wall time counts the other processes' turns too).
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
+import subprocess
 import sys
 import time
 
@@ -34,22 +41,53 @@ def main() -> None:
     ap.add_argument("--per-type", type=int, default=50)
     ap.add_argument("--policies", default="rr,broker")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--scale", action="store_true", help="issue 20's cases, each in its own process")
+    ap.add_argument("--no-header", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    print(f"$ python3 bench/bench_sim.py --tasks {args.tasks} --per-type {args.per_type} --policies {args.policies}")
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    if args.scale:
+        return scale(args.seed)
+    if not args.no_header:
+        print(f"$ python3 bench/bench_sim.py --tasks {args.tasks} --per-type {args.per_type} --policies {args.policies}")
+        header()
     types = tuple(MachineType(n, 1, s, p, args.per_type, 60.0, Billing.hourly()) for n, s, p in CATALOGUE)
     inv = Inventory(private=(PrivateNode("xeon", 1, 10.0, 0.32, local=True),), types=types)
     t0 = time.perf_counter()
     wl = build_workload(BUILTIN["LM"], args.seed, tasks=args.tasks)
-    print(f"workload LM: {args.tasks} tasks, built in {time.perf_counter() - t0:.2f}s; "
-          f"{len(types) * args.per_type} EC2 machines + 1 private")
-    print(f"{'policy':<8} {'goal':<10} {'virtual makespan':>17} {'cost':>9} {'launched':>9} {'wall s':>8} {'virtual/wall':>13}")
+    if not args.no_header:
+        print(f"workload LM: {args.tasks} tasks, built in {time.perf_counter() - t0:.2f}s; "
+              f"{len(types) * args.per_type} EC2 machines + 1 private")
+    if not args.no_header:
+        print(COLUMNS)
     for policy in args.policies.split(","):
         goal = Goal("point", 1) if policy == "broker" else Goal()
+        cpu0 = time.process_time()
         r = Simulation(inv, wl, goal, ControllerConfig(policy=policy), SimOptions(seed=args.seed)).run()
-        print(f"{policy:<8} {goal.kind:<10} {r.makespan_s / 3600:>15.1f} h {r.cost_usd:>8.2f}$ {r.instances_launched:>9} "
-              f"{r.sim_wall_s:>8.2f} {r.makespan_s / r.sim_wall_s:>12.0f}x  "
-              f"({r.tasks_done}/{r.tasks_total} done)")
+        cpu = time.process_time() - cpu0
+        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+        print(f"{policy:<8} {goal.kind:<6} {args.tasks:>8} {len(types) * args.per_type:>6} {r.makespan_s / 3600:>8.1f} h "
+              f"{r.cost_usd:>9.2f}$ {r.instances_launched:>6} {r.sim_wall_s:>8.2f} {cpu:>7.2f} "
+              f"{r.makespan_s / r.sim_wall_s:>8.0f}x {rss_mb:>7.0f}  ({r.tasks_done}/{r.tasks_total} done)", flush=True)
+
+
+COLUMNS = (f"{'policy':<8} {'goal':<6} {'tasks':>8} {'EC2':>6} {'virtual':>10} {'cost':>10} {'launch':>6} "
+           f"{'wall s':>8} {'cpu s':>7} {'virt/wall':>9} {'RSS MB':>7}")
+
+
+def header() -> None:
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def scale(seed: int) -> None:
+    """Issue 20's simulator cases, each in a process of its own (peak RSS per case)."""
+    print("$ python3 bench/bench_sim.py --scale")
+    header()
+    print("goals: 100,000 tasks on 1,000 machines <= 10 s; 1,000,000 tasks on 1,000 machines <= 120 s, <= 1,024 MB")
+    print(COLUMNS, flush=True)
+    for tasks in (100_000, 1_000_000):
+        subprocess.run([sys.executable, __file__, "--tasks", str(tasks), "--per-type", "250", "--policies", "broker",
+                        "--seed", str(seed), "--no-header"], check=True)
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ release (never one that would be killed or buy an unplanned unit); with nothing 
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import TYPE_CHECKING
 
@@ -135,21 +136,71 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
              s: Scratch) -> None:
     mean, fit_size = mean_and_fit
     fit_rule = ctl.config.policy == Policy.BROKER or BASELINES[ctl.config.policy].fit_rule
-    ready = sorted((n for n in snap.nodes_with_free_slots() if n.ready(now)), key=lambda n: (-n.speed, n.id))
+    least = snap.pending.smallest_size(fit_size)  # fit_rule: the broker's pool size of unknown tasks
+    ready, slowest = _ready_nodes(ctl, snap, now, least, s)
     fastest = 0.0  # the straggler rule's fastest speed: 0 while no ready slot is near the deadline
     tail = memory.tail_size_ref_s
     if ctl.goal.kind == "deadline" and tail is not None and ready:
         left = snap.started_at_s + float(ctl.goal.value) - now
-        if left * ready[-1].speed < tail:  # the slowest ready slot is in the deadline's last window
+        if left * slowest < tail:  # the slowest ready slot is in the deadline's last window
             fastest = max(n.speed for n in snap.nodes if not n.lost)
-    idle_slots: list[tuple[NodeView, int, float]] = []
     # Under a budget, private time is paid up to ``private_until_s``: a private slot takes only
     # a task that ends before it (as an instance's before its release), none once it is spent.
     private_until = now if memory.private_stopped else (
         private_until_s(ctl, snap, s, now) if any(n.is_private for n in ready) else math.inf)
-    baseline = ctl.config.policy != Policy.BROKER
-    least = snap.pending.smallest_size(fit_size)  # fit_rule: the broker's pool size of unknown tasks
     spot = SpotSlots(snap, ready)
+    idle_slots = _fill(ctl, snap, memory, now, ready, (mean, fit_size, least, fastest, private_until), rng, s, spot)
+    if (idle_slots and fit_rule and budget_of(ctl, snap) is None and snap.count_running() == 0
+            and not s.taken and len(snap.pending)):
+        # Nothing runs and nothing fits: rather than wait for a plan that thinks the
+        # fleet suffices, start the smallest task where most paid time is left (the
+        # tick then keeps that instance to the task's end). Not under a budget: there,
+        # a task that cannot finish in paid time waits (BaTS semantics).
+        node, slot, _ = max(idle_slots, key=lambda x: (x[2], x[0].id))
+        pick = snap.pending.smallest(mean, spot.excluded(node, s.taken))
+        if pick is not None:
+            s.taken.add(pick[0])
+            s.actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, WorkCause.NOTHING_FITS_ANYWHERE))
+            idle_slots = [x for x in idle_slots if (x[0].id, x[1]) != (node.id, slot)]
+    if ctl.config.replicate and ctl.config.policy == Policy.BROKER and len(snap.pending) - len(s.taken) <= 0 and idle_slots:
+        replicate(snap, now, mean, idle_slots, s)
+
+
+FEW_FREE_NODES = 16  # up to this many free nodes, looking at each costs less than asking the index
+
+
+def _ready_nodes(ctl: Controller, snap: Snapshot, now: float, least: float, s: Scratch) -> tuple[list[NodeView], float]:
+    """The ready nodes with a free slot the dispatch visits, fastest first (ties by id), and
+    the lowest speed among all such nodes.
+
+    All of them, or, when the snapshot carries a valid :class:`~.free_index.FreeIndex`, only
+    those that may take a pending task (their paid time fits the smallest): the others would
+    only be listed as idle, and the idle list is read only when nothing runs or too few tasks
+    are pending for the visited slots (then every node is visited, as before)."""
+    index = snap.free_index
+    if (ctl.config.policy == Policy.BROKER and index is not None and len(index) > FEW_FREE_NODES
+            and index.version == snap.free_index_version and ctl.config.fit_safety > 0
+            and snap.count_running() > 0 and math.isfinite(least)):
+        cands = index.candidates(now, least * ctl.config.fit_safety)
+        cands.extend(v for v in map(index.view, s.release) if v is not None)
+        ready = sorted({n.id: n for n in cands if n.ready(now)}.values(), key=lambda n: (-n.speed, n.id))
+        free = sum(n.slots - len(n.running) for n in ready)
+        if not ctl.config.replicate or len(snap.pending) - len(s.taken) > free:
+            slowest = index.slowest_ready_speed(now) if ready else 0.0
+            return ready, slowest
+    ready = sorted((n for n in snap.nodes_with_free_slots() if n.ready(now)), key=lambda n: (-n.speed, n.id))
+    return ready, (ready[-1].speed if ready else 0.0)
+
+
+def _fill(ctl: Controller, snap: Snapshot, memory: Memory, now: float, ready: list[NodeView], sizes, rng,
+          s: Scratch, spot: "SpotSlots") -> list[tuple[NodeView, int, float]]:
+    """Each free slot of ``ready`` takes the largest pending task that fits (a spot slot: as
+    :class:`SpotSlots` says); returns the slots left idle, each with the largest size it
+    could have taken."""
+    mean, fit_size, least, fastest, private_until = sizes
+    fit_rule = ctl.config.policy == Policy.BROKER or BASELINES[ctl.config.policy].fit_rule
+    baseline = ctl.config.policy != Policy.BROKER
+    idle_slots: list[tuple[NodeView, int, float]] = []
     for node in ready:
         release = s.release_of(node) if not node.is_private else (
             None if math.isinf(private_until) else private_until)
@@ -186,20 +237,7 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
                 continue
             s.taken.add(pick[0])
             s.actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, WorkCause.DISPATCH))
-    if (idle_slots and fit_rule and budget_of(ctl, snap) is None and snap.count_running() == 0
-            and not s.taken and len(snap.pending)):
-        # Nothing runs and nothing fits: rather than wait for a plan that thinks the
-        # fleet suffices, start the smallest task where most paid time is left (the
-        # tick then keeps that instance to the task's end). Not under a budget: there,
-        # a task that cannot finish in paid time waits (BaTS semantics).
-        node, slot, _ = max(idle_slots, key=lambda x: (x[2], x[0].id))
-        pick = snap.pending.smallest(mean, spot.excluded(node, s.taken))
-        if pick is not None:
-            s.taken.add(pick[0])
-            s.actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, WorkCause.NOTHING_FITS_ANYWHERE))
-            idle_slots = [x for x in idle_slots if (x[0].id, x[1]) != (node.id, slot)]
-    if ctl.config.replicate and ctl.config.policy == Policy.BROKER and len(snap.pending) - len(s.taken) <= 0 and idle_slots:
-        replicate(snap, now, mean, idle_slots, s)
+    return idle_slots
 
 
 class SpotSlots:
@@ -287,36 +325,101 @@ def replicate(snap: Snapshot, now: float, mean: float, idle_slots, s: Scratch) -
     age: heavy-tailed runtimes, 2^x minutes, keep going the longer they have gone), so
     an overdue task is copied to a node more than twice as fast. The copy only uses paid
     time nobody else wants; it never keeps a machine longer (``keep_running_work``
-    protects one copy of a task, on the machine kept longest)."""
-    copies: dict[str, int] = {}
-    running = []
-    for n in snap.nodes:
-        for r in n.running:
-            copies[r.task_id] = copies.get(r.task_id, 0) + 1
-            est = r.estimate_ref_s if r.estimate_ref_s is not None else mean
-            end = r.started_at_s + est / n.speed
-            size = est
-            if end <= now:  # overdue
-                age_ref = (now - r.started_at_s) * n.speed
-                size = max(est, 2.0 * age_ref)
-                end = r.started_at_s + size / n.speed
-            running.append((end, size, r, n))
-    # Tasks with two copies are out of the running for good: drop them before the scans.
-    running = [x for x in running if copies[x[2].task_id] < 2]
-    running.sort(key=lambda x: (-x[0], x[2].task_id))
-    least = min((x[1] for x in running), default=math.inf)
+    protects one copy of a task, on the machine kept longest).
+
+    Each idle slot takes the first task, latest end first, that it can copy sooner. The
+    tasks are kept in a heap and drawn in that order only as far as a scan goes (it stops at
+    the first end no copy can beat). A slot no faster and with no more paid time than one
+    whose scan found nothing can only copy a task of that slot's node (any other would have
+    been copied there): it looks at those alone, so a tail of 4,000 running tasks and 1,000
+    idle slots costs a few scans, not 1,000."""
+    tasks = _Tail(snap, now, mean)
+    least = tasks.least
+    beaten = None  # (limit, speed, node) of a slot whose full scan found nothing to copy
     for node, slot, limit_ref in idle_slots:
         if limit_ref < least:
             continue  # the slot's paid time is too short for any copy
-        for end, size, r, n in running:
-            if end <= now + least / node.speed:
-                break  # ends only get sooner down the list: no copy can beat one from here on
-            if n.id == node.id or size > limit_ref or now + size / node.speed >= end:
-                continue
-            copies[r.task_id] += 1
-            s.actions.append(Replicate(r.task_id, SlotRef(node.id, slot), r.attempt + 1, WorkCause.TAIL_REPLICATION))
-            if copies[r.task_id] >= 2:
-                running = [x for x in running if x[2].task_id != r.task_id]
-            break
-        if not running:
+        if beaten is not None and limit_ref <= beaten[0] and node.speed <= beaten[1]:
+            scan = tasks.on_node(beaten[2]) if beaten[2] != node.id else ()
+        else:
+            scan = tasks.in_order()
+        pick = _first_copy(scan, node, limit_ref, now, least, tasks.copied)
+        if pick is None:
+            if beaten is None or not (limit_ref <= beaten[0] and node.speed <= beaten[1]):
+                beaten = (limit_ref, node.speed, node.id)
+            continue
+        r = pick[4]
+        tasks.copied.add(r.task_id)
+        s.actions.append(Replicate(r.task_id, SlotRef(node.id, slot), r.attempt + 1, WorkCause.TAIL_REPLICATION))
+        if len(tasks.copied) == tasks.count:
             return
+
+
+class _Tail:
+    """The running tasks with a single copy, as ``(-end, task, k, size, task, node)``: a heap
+    drawn into ``order`` as scans need it (latest end first, ties by task id), and by node."""
+
+    def __init__(self, snap: Snapshot, now: float, mean: float):
+        copies: dict[str, int] = {}
+        heap: list = []
+        self.by_node: dict[str, list] = {}
+        least = math.inf
+        for n in snap.nodes:
+            if not n.running:
+                continue
+            speed, mine = n.speed, []
+            for r in n.running:
+                tid = r.task_id
+                copies[tid] = copies.get(tid, 0) + 1
+                est = r.estimate_ref_s if r.estimate_ref_s is not None else mean
+                end = r.started_at_s + est / speed
+                size = est
+                if end <= now:  # overdue
+                    age_ref = (now - r.started_at_s) * speed
+                    size = max(est, 2.0 * age_ref)
+                    end = r.started_at_s + size / speed
+                x = (-end, tid, len(heap), size, r, n)
+                heap.append(x)
+                mine.append(x)
+                least = size if size < least else least
+            self.by_node[n.id] = mine
+        if len(copies) < len(heap):  # tasks with two copies are out of the running for good
+            heap = [x for x in heap if copies[x[1]] < 2]
+            least = min((x[3] for x in heap), default=math.inf)
+            self.copies = copies
+        else:
+            self.copies = None
+        heapq.heapify(heap)
+        self.heap, self.order, self.count, self.least = heap, [], len(heap), least
+        self.copied: set[str] = set()  # copied here: two copies now, out of the running
+
+    def in_order(self):
+        order, heap = self.order, self.heap
+        i = 0
+        while True:
+            if i == len(order):
+                if not heap:
+                    return
+                order.append(heapq.heappop(heap))
+            yield order[i]
+            i += 1
+
+    def on_node(self, node_id: str) -> list:
+        mine = self.by_node.get(node_id, [])
+        if self.copies is not None:
+            mine = [x for x in mine if self.copies[x[1]] < 2]
+        return sorted(mine)
+
+
+def _first_copy(scan, node: NodeView, limit_ref: float, now: float, least: float, copied: set[str]):
+    """The first task of ``scan`` (latest end first) that ``node`` would end sooner, within
+    ``limit_ref``, if it is not already on ``node`` (None: none)."""
+    for x in scan:
+        neg_end, tid, _, size, _, n = x
+        end = -neg_end
+        if end <= now + least / node.speed:
+            return None  # ends only get sooner down the list: no copy can beat one from here on
+        if n.id == node.id or size > limit_ref or now + size / node.speed >= end or tid in copied:
+            continue
+        return x
+    return None

@@ -132,6 +132,11 @@ class Snapshot:
     # Tasks interrupted ``max_spot_attempts`` times: on-demand and private slots only (the
     # ledger's set, shared as the pool is; ledger/spot.py).
     spot_barred: AbstractSet[str] = frozenset()
+    # The shell's index of ``free_nodes`` by speed and release (broker.core.control.free_index),
+    # valid while its ``version`` equals ``free_index_version``: a dispatch then visits only the
+    # free nodes that can take a pending task; without it, every free node (same decisions).
+    free_index: object | None = None
+    free_index_version: int = -1
 
     def nodes_with_free_slots(self) -> tuple[NodeView, ...]:
         if self.free_nodes is not None:

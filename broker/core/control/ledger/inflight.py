@@ -89,6 +89,7 @@ class InflightMixin:
                 self._closed_usd -= node.cost_usd(node.terminated_at_s)
             for index in (self._late, self._dirty, self._views, self._free):
                 index.pop(node.id, None)
+            self._free_index.drop(node.id)
             if not self._cloud_live:
                 self._live_usd = 0.0
             out.append(Voided(node.id, node.launched_at_s, node.release_at_s, node.release_cause, released))

@@ -35,6 +35,7 @@ from ...model import MachineType, PrivateNode
 from ..actions import Cancel, Launch, ScheduleRelease
 from ..causes import Ending, ReleaseCause, WorkCause
 from ..failures import FailureBook, FailurePolicy, TypeCooldown, may_give_up
+from ..free_index import FreeIndex
 from ..pool import TaskPool
 from ..snapshot import NodeView, Observations
 from .inflight import InflightMixin
@@ -122,6 +123,8 @@ class Ledger(SnapshotMixin, InflightMixin, SpotMixin):
         self._views: dict[str, NodeView] = {}
         self._free: dict[str, NodeView] = {}
         self._init_spot()  # spot interruptions (spot.py)
+        self._free_index = FreeIndex()  # the same free views, by speed and release (free_index.py)
+        self.free_index_on = True  # False: the snapshot carries no index, dispatch scans every free node
 
     @classmethod
     def from_journal(cls, rows, types: Mapping[str, MachineType], tasks: Sequence[tuple[str, float | None]],

@@ -1,6 +1,8 @@
 """The ledger's money and its snapshot: billing refreshed from a heap of paid-until times,
 committed spend as a running sum, and the frozen view ``decide()`` reads, rebuilt only for
-the nodes an event touched (part of :class:`~.ledger.Ledger`; its state is the ledger's)."""
+the nodes an event touched, with the free nodes also kept by speed and release
+(:class:`~broker.core.control.free_index.FreeIndex`, so a dispatch visits only those that
+can take a task) (part of :class:`~.ledger.Ledger`; its state is the ledger's)."""
 
 from __future__ import annotations
 
@@ -83,13 +85,16 @@ class SnapshotMixin:
             if node.terminated_at_s is not None:
                 self._views.pop(node_id, None)
                 self._free.pop(node_id, None)
+                self._free_index.drop(node_id)
                 continue
             view = self._view(node, now)
             self._views[node_id] = view
             if len(node.running) < node.slots:
                 self._free[node_id] = view
+                self._free_index.put(view)
             else:
                 self._free.pop(node_id, None)
+                self._free_index.drop(node_id)
         self._dirty.clear()
         types: Mapping[str, MachineType] = self.types
         if self.cooldown.until_s:
@@ -102,4 +107,5 @@ class SnapshotMixin:
             prior_mean_ref_s=self.prior_mean_ref_s, prior_sd_ref_s=self.prior_sd_ref_s,
             budget_usd=self.budget_usd, tasks_failed=len(self.quarantined), stopping=stopping,
             finished_ref_s=self.finished_ref_s, timeout_ref_s=self.timeout_ref_s, spot_barred=self.spot_barred,
+            free_index=self._free_index if self.free_index_on else None, free_index_version=self._free_index.version,
         )
