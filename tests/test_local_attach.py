@@ -19,10 +19,10 @@ def test_local_agents_attach_in_the_background_and_a_stop_meanwhile_leaves_no_ag
     gate = threading.Event()
     attach = agents.attach
 
-    def attach_i2_once_stopped(node, slots, expect=()):
+    def attach_i2_once_stopped(node, slots, expect=(), spot=False):
         if node == "i2":
             gate.wait(30)  # its agent starts only after the stop below
-        return attach(node, slots, expect)
+        return attach(node, slots, expect, spot=spot)
 
     monkeypatch.setattr(agents, "attach", attach_i2_once_stopped)
 
