@@ -88,9 +88,8 @@ class ControllerConfig:
     promise_replicates: int = 200
     promise: bool = True
     # Spot offers (spotrates.py): re-plan with each type's interruption rate learned from what
-    # the run saw, the declared one a prior worth ``spot_prior_hours`` instance-hours.
+    # the run saw (the declared rate is the prior); False: trust the declared rate.
     learn_spot_rates: bool = True
-    spot_prior_hours: float = 0.5
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -100,8 +99,6 @@ class ControllerConfig:
             raise ValueError(f"list_order must be longest or random, got {self.list_order!r}")
         if not 0.0 < self.confidence < 1.0:
             raise ValueError(f"confidence must lie strictly between 0 and 1, got {self.confidence!r}")
-        if not (self.spot_prior_hours > 0 and self.spot_prior_hours < float("inf")):
-            raise ValueError(f"spot_prior_hours must be a finite number > 0, got {self.spot_prior_hours!r}")
         if self.list_fleet is not None and any(count < 0 for _, count in self.list_fleet):
             raise ValueError(f"list_fleet counts must be >= 0, got {self.list_fleet!r}")
 

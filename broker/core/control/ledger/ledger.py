@@ -558,6 +558,7 @@ class Ledger(SnapshotMixin, InflightMixin, SpotMixin):
         if node.alive:
             self._alive -= 1
         node.terminated_at_s = now
+        self._spot_ended(node, now)
         node.release_cause = cause or node.release_cause
         self._live.pop(node.id, None)
         self._cloud_live.pop(node.id, None)

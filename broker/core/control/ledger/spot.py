@@ -61,6 +61,8 @@ class SpotMixin:
         self.spot_counts = SpotCounts()
         self.interruptions: dict[str, int] = {}  # task -> attempts interrupted on spot
         self.spot_barred: set[str] = set()  # tasks dispatched to on-demand and private slots only
+        # per spot type: [interruptions, instance-seconds of its ended instances] (spotrates.py)
+        self.spot_seen: dict[str, list[float]] = {}
 
     def on_interruption_notice(self, node_id: str, now: float, terminate_at_s: float) -> list[Followup]:
         """EC2's notice that it takes the spot instance back at ``terminate_at_s`` (see the
@@ -90,6 +92,8 @@ class SpotMixin:
             return []
         self.spot_counts.interruptions += 1
         node.interrupted = True
+        if node.type.is_spot:
+            self.spot_seen.setdefault(node.type.name, [0, 0.0])[0] += 1
         if node.alive:
             self._set_lost(node)
         out: list[Followup] = []
@@ -118,6 +122,11 @@ class SpotMixin:
         if n >= self.policy.max_spot_attempts and task_id not in self.spot_barred:
             self.spot_barred.add(task_id)
             self.spot_counts.fallback_tasks += 1
+
+    def _spot_ended(self, node: NodeRecord, now: float) -> None:
+        """A spot instance ended: its exposure (launch to now) joins its type's (spotrates.py)."""
+        if is_spot(node) and node.launched_at_s is not None:
+            self.spot_seen.setdefault(node.type.name, [0, 0.0])[1] += max(0.0, now - node.launched_at_s)
 
     def _expected_end_s(self, a: Attempt, node: NodeRecord, now: float) -> float:
         size = self.estimates.get(a.task_id)
