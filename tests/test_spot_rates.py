@@ -96,6 +96,9 @@ def test_an_offer_interrupting_far_more_than_declared_stops_being_rented():
         # no spot instance launched after the interruptions began (at most the first wave)
         assert not [n for n in spot if n.launched_at_s > first_seen]
         assert r.spot["interruptions"] <= 12
+        seen = r.spot["rates"][SPOT.name]  # what the report says it learned
+        assert seen["interruptions"] == r.spot["interruptions"] and seen["declared_per_hour"] == 0.05
+        assert seen["learned_per_hour"] > 100 * 0.05
         assert r.makespan_s <= DEADLINE_S and sorted(r.completions.values()) == [1] * len(RUNTIMES)
         r_off, _ = learning_run(seed, False)
         assert r_off.spot["interruptions"] >= 5 * r.spot["interruptions"]  # it kept renting spot

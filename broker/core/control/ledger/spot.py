@@ -144,6 +144,25 @@ class SpotMixin:
         if task_id in self.spot_barred and not is_spot(node):
             self.spot_counts.fallback_attempts += 1
 
+    def spot_rates(self, now: float) -> dict[str, dict]:
+        """Per spot type launched: the interruptions seen, its instance-hours, the declared rate
+        and the rate learned from them (the posterior median, ``spotrates.py``; a deadline
+        plan uses a higher quantile) - for the operator (report, ``simulate --json``)."""
+        from ..spotrates import learned_rate
+
+        hours: dict[str, float] = {}
+        for node in self.nodes.values():
+            if is_spot(node) and node.launched_at_s is not None and node.terminated_at_s is None:
+                hours[node.type.name] = hours.get(node.type.name, 0.0) + max(0.0, now - node.launched_at_s) / 3600
+        out = {}
+        for name in sorted(set(hours) | set(self.spot_seen)):
+            n, closed_s = self.spot_seen.get(name, (0, 0.0))
+            h = hours.get(name, 0.0) + closed_s / 3600
+            declared = self.types[name].interruptions_per_hour if name in self.types else 0.0
+            out[name] = {"interruptions": int(n), "instance_hours": round(h, 4), "declared_per_hour": declared,
+                         "learned_per_hour": round(learned_rate(declared, int(n), h), 4)}
+        return out
+
     def spot_cost_usd(self, now: float) -> dict[str, float]:
         """Cloud spend so far by market (``spot``, ``on-demand``): what the fallback cost."""
         out = {"spot": 0.0, "on-demand": 0.0}
