@@ -558,13 +558,12 @@ class Ledger(SnapshotMixin, InflightMixin, SpotMixin):
         if node.alive:
             self._alive -= 1
         node.terminated_at_s = now
-        self._spot_ended(node, now)
         node.release_cause = cause or node.release_cause
         self._live.pop(node.id, None)
         self._cloud_live.pop(node.id, None)
         self._live_by_type[node.type.name] -= 1
         self._late.pop(node.id, None)
-        self._closed_usd += node.cost_usd(now)
+        self._closed_usd += self._ended(node, now)  # its cost (and a spot one's exposure: spot.py)
         self._live_usd -= node.charged_usd
         if not self._cloud_live:
             self._live_usd = 0.0  # no rounding left over

@@ -123,10 +123,12 @@ class SpotMixin:
             self.spot_barred.add(task_id)
             self.spot_counts.fallback_tasks += 1
 
-    def _spot_ended(self, node: NodeRecord, now: float) -> None:
-        """A spot instance ended: its exposure (launch to now) joins its type's (spotrates.py)."""
+    def _ended(self, node: NodeRecord, now: float) -> float:
+        """An instance ended (``on_released``): returns its cost, for the closed spend; a spot
+        instance's exposure (launch to now) joins its type's (``spotrates.py``)."""
         if is_spot(node) and node.launched_at_s is not None:
             self.spot_seen.setdefault(node.type.name, [0, 0.0])[1] += max(0.0, now - node.launched_at_s)
+        return node.cost_usd(now)
 
     def _expected_end_s(self, a: Attempt, node: NodeRecord, now: float) -> float:
         size = self.estimates.get(a.task_id)
