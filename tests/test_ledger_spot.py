@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from broker.core.billing import Billing
-from broker.core.control.actions import Cancel
+from broker.core.control.actions import Cancel, Launch
 from broker.core.control.failures import FailurePolicy
 from broker.core.control.ledger import Ledger, Requeue
 from broker.core.model import MachineType, PrivateNode, spot_key
@@ -139,8 +139,14 @@ def test_a_barred_task_goes_to_on_demand_never_to_spot():
                     nodes=[node("s-1", type=SPOT_M), node("s-2", type=SPOT_M), node("o-1", type=OD_M)])
     got = assigned(decide(snap))
     assert got == {"t200": "s-1", "t900": "o-1"}  # s-2 finds nothing it may take: t100 waits
-    # with no on-demand or private node to run it, a barred task still runs (nowhere else to go)
+    # with no on-demand or private node alive, an on-demand instance is rented for the barred
+    # tasks (spotfallback.py), and from that decision on they wait for it
     snap = replace(snap, nodes=(node("s-1", type=SPOT_M),))
+    d = decide(snap)
+    assert assigned(d) == {"t200": "s-1"}
+    assert [(a.type_name, a.count, a.cause) for a in d.actions if isinstance(a, Launch)] == [("m", 1, "spot_fallback")]
+    # with no on-demand type to rent either, a barred task still runs (nowhere else to go)
+    snap = replace(snap, types={"m@spot": SPOT_M})
     assert assigned(decide(snap)) == {"t900": "s-1"}
 
 

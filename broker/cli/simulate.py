@@ -121,6 +121,10 @@ def run(args) -> int:
               f"attempts interrupted, {sp['lost_work_ref_s'] / 3600:.2f} ref-h of work lost, {sp['fallback_tasks']} "
               f"tasks moved to on-demand; spent ${by['spot']:.2f} on spot, ${by['on-demand']:.2f} on-demand",
               file=out)
+        for name, rate in sp.get("rates", {}).items():
+            if rate["interruptions"]:
+                print(f"  {name}: {rate['interruptions']} interruptions in {rate['instance_hours']:.2f} instance-h: "
+                      f"{rate['learned_per_hour']:.3g}/h learned (declared {rate['declared_per_hour']:.3g}/h)", file=out)
     if r.tasks_left:
         print(f"{r.tasks_left} tasks left unfinished", file=out)
     print(verdict.text(), file=out)

@@ -139,4 +139,5 @@ class SpotWorld:
         ledger = self.sim.ledger
         out = ledger.spot_counts.to_json()
         out["cost_usd_by_market"] = {k: round(v, 4) for k, v in ledger.spot_cost_usd(self.sim.now).items()}
+        out["rates"] = ledger.spot_rates(self.sim.now)  # interruptions seen, declared and learned rates
         return out

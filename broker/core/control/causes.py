@@ -56,6 +56,7 @@ class LaunchCause(StrEnum):
     ANNEX_LEASE = "annex_lease"  # static
     PANDA_TARGETS = "panda_targets"
     ADOPTED_ON_RESUME = "adopted_on_resume"  # a shell's: an instance found running on resume
+    SPOT_FALLBACK = "spot_fallback"  # on-demand for tasks barred from spot (spotfallback.py)
 
 
 class ReleaseCause(StrEnum):

@@ -87,6 +87,9 @@ class ControllerConfig:
     promise_every_s: float = 3600.0
     promise_replicates: int = 200
     promise: bool = True
+    # Spot offers (spotrates.py): re-plan with each type's interruption rate learned from what
+    # the run saw (the declared rate is the prior); False: trust the declared rate.
+    learn_spot_rates: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

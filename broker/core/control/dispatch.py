@@ -12,7 +12,7 @@ import heapq
 import math
 from typing import TYPE_CHECKING
 
-from .actions import Assign, Replicate, ScheduleRelease, SlotRef
+from .actions import Assign, Launch, Replicate, ScheduleRelease, SlotRef
 from .baselines import BASELINES
 from .budget import affordable_extension, budget_of, private_until_s
 from .causes import Policy, ReleaseCause, WorkCause
@@ -148,7 +148,7 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
     # a task that ends before it (as an instance's before its release), none once it is spent.
     private_until = now if memory.private_stopped else (
         private_until_s(ctl, snap, s, now) if any(n.is_private for n in ready) else math.inf)
-    spot = SpotSlots(snap, ready)
+    spot = SpotSlots(snap, ready, s.actions)
     idle_slots = _fill(ctl, snap, memory, now, ready, (mean, fit_size, least, fastest, private_until), rng, s, spot)
     if (idle_slots and fit_rule and budget_of(ctl, snap) is None and snap.count_running() == 0
             and not s.taken and len(snap.pending)):
@@ -256,7 +256,7 @@ class SpotSlots:
       where nothing interrupts them.
     """
 
-    def __init__(self, snap: Snapshot, ready) -> None:
+    def __init__(self, snap: Snapshot, ready, actions=()) -> None:
         types = snap.types
 
         def is_spot(n: NodeView) -> bool:
@@ -264,7 +264,9 @@ class SpotSlots:
             return t is not None and t.is_spot
 
         self.spot = {n.id for n in ready if is_spot(n)}
-        fallback = bool(self.spot) and any(not n.lost and not is_spot(n) for n in snap.nodes)
+        # (an on-demand launch of this decision counts: ``spotfallback.py`` launches for them)
+        fallback = bool(self.spot) and (any(not n.lost and not is_spot(n) for n in snap.nodes) or any(
+            isinstance(a, Launch) and not getattr(types.get(a.type_name), "is_spot", True) for a in actions))
         self.barred = snap.spot_barred if fallback else frozenset()
         self.short_first = fallback and bool(snap.pending.smallest_estimates_ref_s(1))
 

@@ -23,6 +23,7 @@ from .promises import hold_first_deadline, update_promise
 from .replan import drifted, resolve_goal, solve
 from .scratch import Scratch
 from .snapshot import Memory, NodeView, Snapshot
+from .spotfallback import launch_spot_fallback
 
 if TYPE_CHECKING:
     from .controller import Controller
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 def plan_and_fleet(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork,
                    s: Scratch) -> Memory:
+    launch_spot_fallback(ctl, snap, memory, now, rem, s)  # barred tasks need off-spot capacity now
     since = math.inf if memory.last_plan_at_s is None else now - memory.last_plan_at_s
     # A run stopped for its budget knows its fleet cannot finish the work: that is the
     # drift the early re-plan looks for, so it waits for the regular one (each re-plan

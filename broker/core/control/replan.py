@@ -17,6 +17,7 @@ from .causes import GoalKind, LaunchCause
 from .estimates import RemainingWork
 from .planning import PlanResult
 from .snapshot import Memory, Snapshot
+from .spotrates import learned_types
 
 if TYPE_CHECKING:
     from .controller import Controller
@@ -90,7 +91,7 @@ def planner_input(ctl: Controller, snap: Snapshot, now: float, rem: RemainingWor
     # would leave its work to nobody.
     lost = {n.id for n in snap.nodes if n.is_private and n.lost}
     return ctl.planner.input(
-        types=tuple(snap.types.values()),
+        types=learned_types(ctl, snap, now),  # spot rates as the run has seen them
         private=tuple(p for p in ctl.private if p.name not in lost) if lost else ctl.private,
         nodes=snap.nodes,
         rem=rem,

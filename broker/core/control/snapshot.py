@@ -137,6 +137,9 @@ class Snapshot:
     # free nodes that can take a pending task; without it, every free node (same decisions).
     free_index: object | None = None
     free_index_version: int = -1
+    # Per spot type: (interruptions seen, instance-seconds of its ended instances): the
+    # ledger's counters, shared (spotrates.py learns the rate from them and the live nodes).
+    spot_seen: Mapping[str, Sequence[float]] = field(default_factory=dict)
 
     def nodes_with_free_slots(self) -> tuple[NodeView, ...]:
         if self.free_nodes is not None:

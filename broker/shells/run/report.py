@@ -88,6 +88,6 @@ def build_report(ledger: Ledger, *, run_id: str, state: str, now_s: float, first
         unterminated=unterminated,
         nodes_lost=[n.id for n in ledger.nodes.values() if n.lost],
         private_nodes=[n.id for n in ledger.nodes.values() if n.is_private],
-        spot=ledger.spot_counts.to_json() if any(n.type is not None and n.type.is_spot
+        spot={**ledger.spot_counts.to_json(), "rates": ledger.spot_rates(now_s)} if any(n.type is not None and n.type.is_spot
                                                  for n in ledger.nodes.values()) else None,
     )

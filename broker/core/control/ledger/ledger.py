@@ -563,7 +563,7 @@ class Ledger(SnapshotMixin, InflightMixin, SpotMixin):
         self._cloud_live.pop(node.id, None)
         self._live_by_type[node.type.name] -= 1
         self._late.pop(node.id, None)
-        self._closed_usd += node.cost_usd(now)
+        self._closed_usd += self._ended(node, now)  # its cost (and a spot one's exposure: spot.py)
         self._live_usd -= node.charged_usd
         if not self._cloud_live:
             self._live_usd = 0.0  # no rounding left over

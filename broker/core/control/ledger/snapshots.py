@@ -108,4 +108,5 @@ class SnapshotMixin:
             budget_usd=self.budget_usd, tasks_failed=len(self.quarantined), stopping=stopping,
             finished_ref_s=self.finished_ref_s, timeout_ref_s=self.timeout_ref_s, spot_barred=self.spot_barred,
             free_index=self._free_index if self.free_index_on else None, free_index_version=self._free_index.version,
+            spot_seen=self.spot_seen,
         )

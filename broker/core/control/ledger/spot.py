@@ -61,6 +61,8 @@ class SpotMixin:
         self.spot_counts = SpotCounts()
         self.interruptions: dict[str, int] = {}  # task -> attempts interrupted on spot
         self.spot_barred: set[str] = set()  # tasks dispatched to on-demand and private slots only
+        # per spot type: [interruptions, instance-seconds of its ended instances] (spotrates.py)
+        self.spot_seen: dict[str, list[float]] = {}
 
     def on_interruption_notice(self, node_id: str, now: float, terminate_at_s: float) -> list[Followup]:
         """EC2's notice that it takes the spot instance back at ``terminate_at_s`` (see the
@@ -90,6 +92,8 @@ class SpotMixin:
             return []
         self.spot_counts.interruptions += 1
         node.interrupted = True
+        if node.type.is_spot:
+            self.spot_seen.setdefault(node.type.name, [0, 0.0])[0] += 1
         if node.alive:
             self._set_lost(node)
         out: list[Followup] = []
@@ -119,6 +123,13 @@ class SpotMixin:
             self.spot_barred.add(task_id)
             self.spot_counts.fallback_tasks += 1
 
+    def _ended(self, node: NodeRecord, now: float) -> float:
+        """An instance ended (``on_released``): returns its cost, for the closed spend; a spot
+        instance's exposure (launch to now) joins its type's (``spotrates.py``)."""
+        if is_spot(node) and node.launched_at_s is not None:
+            self.spot_seen.setdefault(node.type.name, [0, 0.0])[1] += max(0.0, now - node.launched_at_s)
+        return node.cost_usd(now)
+
     def _expected_end_s(self, a: Attempt, node: NodeRecord, now: float) -> float:
         size = self.estimates.get(a.task_id)
         if size is None:
@@ -134,6 +145,25 @@ class SpotMixin:
         on-demand or private slot was there, spot once more)."""
         if task_id in self.spot_barred and not is_spot(node):
             self.spot_counts.fallback_attempts += 1
+
+    def spot_rates(self, now: float) -> dict[str, dict]:
+        """Per spot type launched: the interruptions seen, its instance-hours, the declared rate
+        and the rate learned from them (the posterior median, ``spotrates.py``; a deadline
+        plan uses a higher quantile) - for the operator (report, ``simulate --json``)."""
+        from ..spotrates import learned_rate
+
+        hours: dict[str, float] = {}
+        for node in self.nodes.values():
+            if is_spot(node) and node.launched_at_s is not None and node.terminated_at_s is None:
+                hours[node.type.name] = hours.get(node.type.name, 0.0) + max(0.0, now - node.launched_at_s) / 3600
+        out = {}
+        for name in sorted(set(hours) | set(self.spot_seen)):
+            n, closed_s = self.spot_seen.get(name, (0, 0.0))
+            h = hours.get(name, 0.0) + closed_s / 3600
+            declared = self.types[name].interruptions_per_hour if name in self.types else 0.0
+            out[name] = {"interruptions": int(n), "instance_hours": round(h, 4), "declared_per_hour": declared,
+                         "learned_per_hour": round(learned_rate(declared, int(n), h), 4)}
+        return out
 
     def spot_cost_usd(self, now: float) -> dict[str, float]:
         """Cloud spend so far by market (``spot``, ``on-demand``): what the fallback cost."""
