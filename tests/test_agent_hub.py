@@ -265,3 +265,55 @@ def test_an_agent_whose_descriptors_are_past_1024_is_served(tmp_path):
         for fd in filler:
             os.close(fd)
         stop_local_agent(tmp_path / "agent")
+
+
+def test_an_agent_that_stops_reading_stalls_neither_the_loop_nor_the_hub_and_is_lost():
+    """Regression: a submit to an agent that stopped reading blocked in the write while
+    holding that client's lock, and the hub blocked on the lock at the agent's next ping: no
+    other agent was served, and nobody was ever declared lost."""
+    inbox: queue.Queue = queue.Queue()
+    others = ["n1", "n2", "n3"]
+    with FakeAgents() as fakes:
+        clients = _attach(fakes, 4, inbox, ping_interval_s=0.2, dead_after_s=1.0)
+        before = threading.active_count()
+        fakes.stall("n0")  # a paused process: never reads its socket again, never answers
+        pad = "x" * (100 << 10)
+        stalled = [Run(f"n0-t{k}", 1, f": {pad}") for k in range(60)]  # 6 MiB: past the socket's buffers
+        looped = threading.Event()
+
+        def control_loop() -> None:
+            clients["n0"].submit(stalled)
+            for turn in range(8):  # 2.4 s of turns: well past n0's dead_after_s
+                for name in others:
+                    clients[name].submit([Run(f"{name}-r{turn}", 1, ":")])
+                time.sleep(0.3)
+            looped.set()
+
+        threading.Thread(target=control_loop, name="test-loop", daemon=True).start()
+        results: set[str] = set()
+        lost: list[tuple[str, str]] = []
+        deadline = time.monotonic() + 15
+        while (len(results) < 24 or not lost or not looped.is_set()) and time.monotonic() < deadline:
+            try:
+                node, event = inbox.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if isinstance(event, NodeLost):
+                lost.append((node, event.reason))
+            elif isinstance(event, Result):
+                results.add(event.task)
+                clients[node].ack([(event.task, event.attempt)])
+        assert looped.is_set(), "the control loop was stuck in a submit to the stalled agent"
+        assert clients["n0"]._link.outbuf or lost, "the stall never filled the agent's buffers"
+        assert results == {f"{name}-r{turn}" for name in others for turn in range(8)}
+        assert [node for node, _ in lost] == ["n0"], lost
+        assert "not reading" in lost[0][1] or "silent" in lost[0][1], lost
+        # What the daemon re-queues on NodeLost: every attempt the stalled agent was sent.
+        assert set(clients["n0"].outstanding()) == {(r.task, r.attempt) for r in stalled}
+        assert not any(fakes.runs[(r.task, r.attempt)] for r in stalled)
+        assert threading.active_count() - before <= 1
+        time.sleep(1.2)  # past everyone's dead_after_s: the others still answer their pings
+        assert inbox.empty()
+        for name in others:
+            clients[name].close()
+        clients["n0"].close()

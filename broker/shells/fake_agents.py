@@ -6,7 +6,9 @@ sans I/O) at one end of a ``socket.socketpair()``; the master's end is a
 around one ``epoll`` set, so a thousand fit on a small machine and the master is measured,
 not the agents. A Run is answered at once by its Started and a successful Result (no process
 is started); an Ack makes the agent forget the Result, a Ping is answered with a Pong, a
-Shutdown ends the stream. :meth:`FakeAgents.drop` cuts one agent's connection (a lost node).
+Shutdown ends the stream. :meth:`FakeAgents.drop` cuts one agent's connection (a lost node);
+:meth:`FakeAgents.stall` makes one stop reading and answering, its connection left open (a
+paused process, a full SSH window).
 """
 
 from __future__ import annotations
@@ -87,6 +89,17 @@ class FakeAgents:
         with self._lock:
             self._to_drop.append(node)
         os.write(self._wake_w, b"x")
+
+    def stall(self, node: str) -> None:
+        """``node``'s agent stops reading (and so answering) but keeps its connection open:
+        what the master sends it piles up in the socket's buffers until they are full."""
+        with self._lock:
+            fds = [fd for fd, f in self._fakes.items() if f.node == node]
+        for fd in fds:
+            try:
+                self._epoll.unregister(fd)
+            except OSError:
+                pass
 
     def close(self) -> None:
         self._stop = True

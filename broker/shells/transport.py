@@ -66,6 +66,21 @@ class SocketTransport:
                 except OSError as exc:
                     raise TransportClosed(f"the peer is gone: {exc}") from exc
 
+    def send_nowait(self, data: bytes | bytearray) -> int:
+        """Write what the socket takes now, never waiting: the bytes written (0: it is full)."""
+        sent = 0
+        with self._lock, memoryview(data) as view:  # released however this ends: data may grow
+            if self._closed:
+                raise TransportClosed("the socket transport is closed")
+            try:
+                while sent < len(view):
+                    sent += self._sock.send(view[sent:])
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                raise TransportClosed(f"the peer is gone: {exc}") from None
+        return sent
+
     def recv(self, max_bytes: int = 65536, timeout_s: float | None = None) -> bytes | None:
         if self._closed:
             return b""
