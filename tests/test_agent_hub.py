@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 from broker.shells.agent_client import AgentClient, NodeLost
 from broker.shells.agent_hub import AgentHub
 from broker.shells.fake_agents import FakeAgents
-from workers.protocol import Result, Run
+from workers.protocol import Progress, Result, Run
 
 AGENTS = 300
 
@@ -316,4 +316,94 @@ def test_an_agent_that_stops_reading_stalls_neither_the_loop_nor_the_hub_and_is_
         assert inbox.empty()
         for name in others:
             clients[name].close()
+        clients["n0"].close()
+
+
+def _stalled_runs(node: str, count: int = 60) -> list[Run]:
+    pad = "x" * (100 << 10)
+    return [Run(f"{node}-t{k}", 1, f": {pad}") for k in range(count)]  # 6 MiB: past the socket's buffers
+
+
+def test_an_agent_that_talks_but_never_reads_is_lost_once_it_took_nothing_for_dead_after_s():
+    inbox: queue.Queue = queue.Queue()
+    with FakeAgents() as fakes:
+        clients = _attach(fakes, 2, inbox, ping_interval_s=0.2, dead_after_s=1.0)
+        fake = next(f for f in fakes._fakes.values() if f.node == "n0")
+        fakes.stall("n0")
+        clients["n0"].submit(_stalled_runs("n0"))
+        assert clients["n0"]._link.outbuf  # the agent's buffers are full: the rest waits here
+        talking = threading.Event()
+        talking.set()
+
+        def talk() -> None:  # the agent still says something every 0.1 s: never silent
+            while talking.is_set():
+                try:
+                    fake.sock.send(fake.conn.send(Progress("n0-t0", 1, 0.5, 1.0)))
+                except OSError:
+                    return
+                time.sleep(0.1)
+
+        threading.Thread(target=talk, daemon=True).start()
+        try:
+            lost = None
+            deadline = time.monotonic() + 10
+            while lost is None and time.monotonic() < deadline:
+                try:
+                    node, event = inbox.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if isinstance(event, NodeLost):
+                    lost = (node, event.reason)
+        finally:
+            talking.clear()
+        assert lost is not None and lost[0] == "n0", lost
+        assert "not reading" in lost[1] and "unsent for 1 s" in lost[1], lost
+        for client in clients.values():
+            client.close()
+
+
+def test_an_agent_that_overflows_its_unsent_buffer_is_lost_at_once(monkeypatch):
+    import broker.shells.agent_client as agent_client
+
+    monkeypatch.setattr(agent_client, "MAX_UNSENT_BYTES", 1 << 20)
+    inbox: queue.Queue = queue.Queue()
+    with FakeAgents() as fakes:
+        clients = _attach(fakes, 2, inbox, ping_interval_s=5.0, dead_after_s=60.0)
+        fakes.stall("n0")
+        started = time.monotonic()
+        for run in _stalled_runs("n0", 120):  # 12 MiB, one submit each: the buffer passes 1 MiB
+            clients["n0"].submit([run])
+        node, event = inbox.get(timeout=10)
+        assert (node, type(event)) == ("n0", NodeLost)
+        assert "over 1 MiB unsent" in event.reason
+        assert time.monotonic() - started < 30  # long before dead_after_s: 60 s
+        clients["n1"].submit([Run("n1-after", 1, ":")])
+        node, event = inbox.get(timeout=10)
+        assert node == "n1" and not isinstance(event, NodeLost)
+        for client in clients.values():
+            client.close()
+
+
+def test_an_agent_that_reads_again_gets_every_message_in_order_once():
+    inbox: queue.Queue = queue.Queue()
+    with FakeAgents() as fakes:
+        clients = _attach(fakes, 1, inbox, ping_interval_s=0.2, dead_after_s=30.0)
+        fakes.stall("n0")
+        runs = _stalled_runs("n0")
+        for k in range(0, len(runs), 6):  # several writes: their bytes wait in one buffer, in order
+            clients["n0"].submit(runs[k:k + 6])
+        clients["n0"].submit([Run("n0-last", 1, ":")])
+        assert clients["n0"]._link.outbuf
+        time.sleep(0.5)  # pings pile up behind the runs meanwhile
+        fakes.resume("n0")
+        order: list[str] = []
+        deadline = time.monotonic() + 30
+        while len(order) < len(runs) + 1 and time.monotonic() < deadline:
+            node, event = inbox.get(timeout=10)
+            assert not isinstance(event, NodeLost), event
+            if isinstance(event, Result):
+                order.append(event.task)
+        assert order == [r.task for r in runs] + ["n0-last"]
+        assert set(fakes.runs.values()) == {1}
+        assert not clients["n0"]._link.outbuf
         clients["n0"].close()

@@ -101,6 +101,13 @@ class FakeAgents:
             except OSError:
                 pass
 
+    def resume(self, node: str) -> None:
+        """``node``'s agent reads (and answers) again after :meth:`stall`."""
+        with self._lock:
+            fds = [fd for fd, f in self._fakes.items() if f.node == node]
+        for fd in fds:
+            self._epoll.register(fd, select.EPOLLIN)
+
     def close(self) -> None:
         self._stop = True
         os.write(self._wake_w, b"x")
