@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import workers
-from broker.shells.transport import TransportClosed, wait_readable
+from broker.shells.transport import TransportClosed, wait_readable, write_nowait
 
 AGENT_SCRIPT = Path(workers.__file__).parent / "agent.py"
 CLOSE_GRACE_S = 2.0
@@ -84,18 +84,11 @@ class LocalTransport:
 
     def send_nowait(self, data: bytes | bytearray) -> int:
         """Write what the pipe takes now, never waiting: the bytes written (0: it is full)."""
-        sent = 0
-        with self._send_lock, memoryview(data) as view:  # released however this ends: data may grow
+        with self._send_lock:
             if self._closed:
                 raise TransportClosed("the local transport is closed")
-            try:
-                while sent < len(view):
-                    sent += os.write(self._in_fd, view[sent:])
-            except BlockingIOError:
-                pass
-            except OSError as exc:
-                raise TransportClosed(f"process {self.pid} stopped reading: {exc}") from None
-        return sent
+            return write_nowait(lambda view: os.write(self._in_fd, view), data,
+                                f"process {self.pid} stopped reading")
 
     def recv(self, max_bytes: int = 65536, timeout_s: float | None = None) -> bytes | None:
         with self._recv_lock:
