@@ -97,7 +97,8 @@ def test_the_hub_is_one_per_process():
     assert AgentHub.shared() is AgentHub.shared()
 
 
-def _daemon_on_fakes(tmp_path, fakes: FakeAgents, agents: int, tasks: int, on_progress=None):
+def _daemon_on_fakes(tmp_path, fakes: FakeAgents, agents: int, tasks: int, on_progress=None, command=":",
+                     **client_options):
     from broker.core.control.controller import ControllerConfig
     from broker.core.goal import Goal
     from broker.core.model import Bag, Inventory, PrivateNode, Task
@@ -107,12 +108,12 @@ def _daemon_on_fakes(tmp_path, fakes: FakeAgents, agents: int, tasks: int, on_pr
     from broker.shells.run import Daemon, DaemonOptions
 
     inventory = Inventory(private=tuple(PrivateNode(f"n{i:03d}", 2, host="fake") for i in range(agents)))
-    bag = Bag(tasks=tuple(Task(f"t{i:05d}", ":") for i in range(tasks)), timeout_s=600.0)
+    bag = Bag(tasks=tuple(Task(f"t{i:05d}", command) for i in range(tasks)), timeout_s=600.0)
     inbox: queue.Queue = queue.Queue()
     clock = RunClock(1.0)
     with Journal.open(tmp_path, clock=clock.now_s, anchor_s=clock.epoch_anchor_s) as journal:
         journal.create_run("hub", goal_kind="theta", goal_value=1.0, retries=bag.retries, tasks=bag.tasks)
-        nodes = FakeNodes(fakes, inbox, 2)
+        nodes = FakeNodes(fakes, inbox, 2, **client_options)
         daemon = Daemon(inventory, bag, Goal(), DaemonOptions(run_dir=tmp_path, run_id="hub", tick_s=60.0),
                         journal=journal, clock=clock, fleet=None, nodes=nodes, inbox=inbox,
                         config=ControllerConfig(tick_s=60.0, margin_s=120.0), on_progress=on_progress)
@@ -149,6 +150,37 @@ def test_the_daemon_detects_a_dropped_fake_agent_and_still_runs_each_task_once(t
     assert len(done) == 1000 and set(done.values()) == {1}
     reattached = [fields for _, name, fields in events if name == "agent.reattached"]
     assert [f["node"] for f in reattached] == ["n007"]
+
+
+def test_the_daemon_goes_on_past_a_fake_agent_that_stops_reading_and_reruns_its_tasks(tmp_path):
+    """Regression: the daemon hung for good once one agent's socket was full (the write
+    blocked, holding that client's lock, and the hub blocked on the lock at its next ping)."""
+    stalled: list[str] = []
+    outcome: dict = {}
+    with FakeAgents() as fakes:
+        def stall_one(done, *_):
+            if done >= 100 and not stalled:
+                stalled.append("n007")
+                fakes.stall("n007", buffer_bytes=4096)  # full at once: a Run here is 16 KiB
+
+        def run() -> None:
+            outcome["out"] = _daemon_on_fakes(tmp_path, fakes, 20, 400, on_progress=stall_one,
+                                              command=": " + "x" * (16 << 10),
+                                              ping_interval_s=0.2, dead_after_s=1.0)
+
+        daemon = threading.Thread(target=run, name="test-daemon", daemon=True)
+        daemon.start()
+        daemon.join(90)
+        assert not daemon.is_alive(), "the daemon hung on an agent that stopped reading"
+    assert stalled
+    report, events = outcome["out"]
+    assert report.tasks_done == 400 and report.tasks_failed == 0
+    done = Counter(fields["task"] for _, name, fields in events if name == "task.done")
+    assert len(done) == 400 and set(done.values()) == {1}
+    assert set(fakes.runs.values()) == {1}  # what the stalled agent was sent it never ran
+    requeued = [f for _, name, f in events if name == "task.failed"]  # lost with n007, run again
+    assert requeued and all(f["lost"] and not f["final"] and f["node"] == "n007" for f in requeued), requeued
+    assert [f["node"] for _, name, f in events if name == "agent.reattached"] == ["n007"]
 
 
 def test_a_failure_in_one_links_bookkeeping_loses_that_node_only_and_the_hub_goes_on(monkeypatch):
