@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 from broker.shells.agent_client import AgentClient, NodeLost
 from broker.shells.agent_hub import AgentHub
 from broker.shells.fake_agents import FakeAgents
-from workers.protocol import Result, Run
+from workers.protocol import Progress, Result, Run
 
 AGENTS = 300
 
@@ -97,7 +97,8 @@ def test_the_hub_is_one_per_process():
     assert AgentHub.shared() is AgentHub.shared()
 
 
-def _daemon_on_fakes(tmp_path, fakes: FakeAgents, agents: int, tasks: int, on_progress=None):
+def _daemon_on_fakes(tmp_path, fakes: FakeAgents, agents: int, tasks: int, on_progress=None, command=":",
+                     **client_options):
     from broker.core.control.controller import ControllerConfig
     from broker.core.goal import Goal
     from broker.core.model import Bag, Inventory, PrivateNode, Task
@@ -107,12 +108,12 @@ def _daemon_on_fakes(tmp_path, fakes: FakeAgents, agents: int, tasks: int, on_pr
     from broker.shells.run import Daemon, DaemonOptions
 
     inventory = Inventory(private=tuple(PrivateNode(f"n{i:03d}", 2, host="fake") for i in range(agents)))
-    bag = Bag(tasks=tuple(Task(f"t{i:05d}", ":") for i in range(tasks)), timeout_s=600.0)
+    bag = Bag(tasks=tuple(Task(f"t{i:05d}", command) for i in range(tasks)), timeout_s=600.0)
     inbox: queue.Queue = queue.Queue()
     clock = RunClock(1.0)
     with Journal.open(tmp_path, clock=clock.now_s, anchor_s=clock.epoch_anchor_s) as journal:
         journal.create_run("hub", goal_kind="theta", goal_value=1.0, retries=bag.retries, tasks=bag.tasks)
-        nodes = FakeNodes(fakes, inbox, 2)
+        nodes = FakeNodes(fakes, inbox, 2, **client_options)
         daemon = Daemon(inventory, bag, Goal(), DaemonOptions(run_dir=tmp_path, run_id="hub", tick_s=60.0),
                         journal=journal, clock=clock, fleet=None, nodes=nodes, inbox=inbox,
                         config=ControllerConfig(tick_s=60.0, margin_s=120.0), on_progress=on_progress)
@@ -149,6 +150,37 @@ def test_the_daemon_detects_a_dropped_fake_agent_and_still_runs_each_task_once(t
     assert len(done) == 1000 and set(done.values()) == {1}
     reattached = [fields for _, name, fields in events if name == "agent.reattached"]
     assert [f["node"] for f in reattached] == ["n007"]
+
+
+def test_the_daemon_goes_on_past_a_fake_agent_that_stops_reading_and_reruns_its_tasks(tmp_path):
+    """Regression: the daemon hung for good once one agent's socket was full (the write
+    blocked, holding that client's lock, and the hub blocked on the lock at its next ping)."""
+    stalled: list[str] = []
+    outcome: dict = {}
+    with FakeAgents() as fakes:
+        def stall_one(done, *_):
+            if done >= 100 and not stalled:
+                stalled.append("n007")
+                fakes.stall("n007", buffer_bytes=4096)  # full at once: a Run here is 16 KiB
+
+        def run() -> None:
+            outcome["out"] = _daemon_on_fakes(tmp_path, fakes, 20, 400, on_progress=stall_one,
+                                              command=": " + "x" * (16 << 10),
+                                              ping_interval_s=0.2, dead_after_s=1.0)
+
+        daemon = threading.Thread(target=run, name="test-daemon", daemon=True)
+        daemon.start()
+        daemon.join(90)
+        assert not daemon.is_alive(), "the daemon hung on an agent that stopped reading"
+    assert stalled
+    report, events = outcome["out"]
+    assert report.tasks_done == 400 and report.tasks_failed == 0
+    done = Counter(fields["task"] for _, name, fields in events if name == "task.done")
+    assert len(done) == 400 and set(done.values()) == {1}
+    assert set(fakes.runs.values()) == {1}  # what the stalled agent was sent it never ran
+    requeued = [f for _, name, f in events if name == "task.failed"]  # lost with n007, run again
+    assert requeued and all(f["lost"] and not f["final"] and f["node"] == "n007" for f in requeued), requeued
+    assert [f["node"] for _, name, f in events if name == "agent.reattached"] == ["n007"]
 
 
 def test_a_failure_in_one_links_bookkeeping_loses_that_node_only_and_the_hub_goes_on(monkeypatch):
@@ -265,3 +297,145 @@ def test_an_agent_whose_descriptors_are_past_1024_is_served(tmp_path):
         for fd in filler:
             os.close(fd)
         stop_local_agent(tmp_path / "agent")
+
+
+def test_an_agent_that_stops_reading_stalls_neither_the_loop_nor_the_hub_and_is_lost():
+    """Regression: a submit to an agent that stopped reading blocked in the write while
+    holding that client's lock, and the hub blocked on the lock at the agent's next ping: no
+    other agent was served, and nobody was ever declared lost."""
+    inbox: queue.Queue = queue.Queue()
+    others = ["n1", "n2", "n3"]
+    with FakeAgents() as fakes:
+        clients = _attach(fakes, 4, inbox, ping_interval_s=0.2, dead_after_s=1.0)
+        before = threading.active_count()
+        fakes.stall("n0")  # a paused process: never reads its socket again, never answers
+        pad = "x" * (100 << 10)
+        stalled = [Run(f"n0-t{k}", 1, f": {pad}") for k in range(60)]  # 6 MiB: past the socket's buffers
+        looped = threading.Event()
+
+        def control_loop() -> None:
+            clients["n0"].submit(stalled)
+            for turn in range(8):  # 2.4 s of turns: well past n0's dead_after_s
+                for name in others:
+                    clients[name].submit([Run(f"{name}-r{turn}", 1, ":")])
+                time.sleep(0.3)
+            looped.set()
+
+        threading.Thread(target=control_loop, name="test-loop", daemon=True).start()
+        results: set[str] = set()
+        lost: list[tuple[str, str]] = []
+        deadline = time.monotonic() + 15
+        while (len(results) < 24 or not lost or not looped.is_set()) and time.monotonic() < deadline:
+            try:
+                node, event = inbox.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if isinstance(event, NodeLost):
+                lost.append((node, event.reason))
+            elif isinstance(event, Result):
+                results.add(event.task)
+                clients[node].ack([(event.task, event.attempt)])
+        assert looped.is_set(), "the control loop was stuck in a submit to the stalled agent"
+        assert clients["n0"]._link.outbuf or lost, "the stall never filled the agent's buffers"
+        assert results == {f"{name}-r{turn}" for name in others for turn in range(8)}
+        assert [node for node, _ in lost] == ["n0"], lost
+        assert "not reading" in lost[0][1] or "silent" in lost[0][1], lost
+        # What the daemon re-queues on NodeLost: every attempt the stalled agent was sent.
+        assert set(clients["n0"].outstanding()) == {(r.task, r.attempt) for r in stalled}
+        assert not any(fakes.runs[(r.task, r.attempt)] for r in stalled)
+        assert threading.active_count() - before <= 1
+        time.sleep(1.2)  # past everyone's dead_after_s: the others still answer their pings
+        assert inbox.empty()
+        for name in others:
+            clients[name].close()
+        clients["n0"].close()
+
+
+def _stalled_runs(node: str, count: int = 60) -> list[Run]:
+    pad = "x" * (100 << 10)
+    return [Run(f"{node}-t{k}", 1, f": {pad}") for k in range(count)]  # 6 MiB: past the socket's buffers
+
+
+def test_an_agent_that_talks_but_never_reads_is_lost_once_it_took_nothing_for_dead_after_s():
+    inbox: queue.Queue = queue.Queue()
+    with FakeAgents() as fakes:
+        clients = _attach(fakes, 2, inbox, ping_interval_s=0.2, dead_after_s=1.0)
+        fake = next(f for f in fakes._fakes.values() if f.node == "n0")
+        fakes.stall("n0")
+        clients["n0"].submit(_stalled_runs("n0"))
+        assert clients["n0"]._link.outbuf  # the agent's buffers are full: the rest waits here
+        talking = threading.Event()
+        talking.set()
+
+        def talk() -> None:  # the agent still says something every 0.1 s: never silent
+            while talking.is_set():
+                try:
+                    fake.sock.send(fake.conn.send(Progress("n0-t0", 1, 0.5, 1.0)))
+                except OSError:
+                    return
+                time.sleep(0.1)
+
+        threading.Thread(target=talk, daemon=True).start()
+        try:
+            lost = None
+            deadline = time.monotonic() + 10
+            while lost is None and time.monotonic() < deadline:
+                try:
+                    node, event = inbox.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if isinstance(event, NodeLost):
+                    lost = (node, event.reason)
+        finally:
+            talking.clear()
+        assert lost is not None and lost[0] == "n0", lost
+        assert "not reading" in lost[1] and "unsent for 1 s" in lost[1], lost
+        for client in clients.values():
+            client.close()
+
+
+def test_an_agent_that_overflows_its_unsent_buffer_is_lost_at_once(monkeypatch):
+    import broker.shells.agent_client as agent_client
+
+    monkeypatch.setattr(agent_client, "MAX_UNSENT_BYTES", 1 << 20)
+    inbox: queue.Queue = queue.Queue()
+    with FakeAgents() as fakes:
+        clients = _attach(fakes, 2, inbox, ping_interval_s=5.0, dead_after_s=60.0)
+        fakes.stall("n0")
+        started = time.monotonic()
+        for run in _stalled_runs("n0", 120):  # 12 MiB, one submit each: the buffer passes 1 MiB
+            clients["n0"].submit([run])
+        node, event = inbox.get(timeout=10)
+        assert (node, type(event)) == ("n0", NodeLost)
+        assert "over 1 MiB unsent" in event.reason
+        assert time.monotonic() - started < 30  # long before dead_after_s: 60 s
+        clients["n1"].submit([Run("n1-after", 1, ":")])
+        node, event = inbox.get(timeout=10)
+        assert node == "n1" and not isinstance(event, NodeLost)
+        for client in clients.values():
+            client.close()
+
+
+def test_an_agent_that_reads_again_gets_every_message_in_order_once():
+    inbox: queue.Queue = queue.Queue()
+    with FakeAgents() as fakes:
+        clients = _attach(fakes, 1, inbox, ping_interval_s=0.2, dead_after_s=30.0)
+        fakes.stall("n0")
+        runs = _stalled_runs("n0")
+        for k in range(0, len(runs), 6):  # several writes: their bytes wait in one buffer, in order
+            clients["n0"].submit(runs[k:k + 6])
+        clients["n0"].submit([Run("n0-last", 1, ":")])
+        assert clients["n0"]._link.outbuf
+        time.sleep(0.5)  # pings pile up behind the runs meanwhile
+        fakes.resume("n0")
+        order: list[str] = []
+        deadline = time.monotonic() + 30
+        while len(order) < len(runs) + 1 and time.monotonic() < deadline:
+            node, event = inbox.get(timeout=10)
+            assert not isinstance(event, NodeLost), event
+            if isinstance(event, Result):
+                order.append(event.task)
+        assert order == [r.task for r in runs] + ["n0-last"]
+        assert set(fakes.runs.values()) == {1}
+        assert not clients["n0"]._link.outbuf
+        clients["n0"].close()

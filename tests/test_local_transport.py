@@ -41,6 +41,30 @@ def test_round_trip_of_large_data_through_cat():
     assert transport.closed
 
 
+def test_send_nowait_stops_at_a_full_pipe_and_send_still_waits_for_room(tmp_path):
+    """stdin is non-blocking now (for the agent hub): send_nowait answers 0 at a full pipe,
+    and the blocking send the handshake uses still delivers every byte, in order."""
+    go = tmp_path / "go"
+    transport = LocalTransport.spawn(["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done; exec cat"])
+    payload = os.urandom(4 << 20)  # far more than a pipe holds
+    sent = 0
+    while sent < len(payload):
+        n = transport.send_nowait(payload[sent : sent + 65536])
+        if n == 0:
+            break
+        sent += n
+    assert 0 < sent < len(payload)  # the pipe is full and nobody reads: 0, at once
+    go.touch()
+    rest = threading.Thread(target=transport.send, args=(payload[sent:],))
+    rest.start()  # waits for room as cat drains
+    assert read_exactly(transport, len(payload), timeout_s=30) == payload
+    rest.join(10)
+    assert not rest.is_alive()
+    transport.close()
+    with pytest.raises(TransportClosed):
+        transport.send_nowait(b"x")
+
+
 def test_recv_times_out_with_none_and_ends_with_empty_bytes():
     transport = LocalTransport.spawn(["/bin/sh", "-c", "read line; printf 'bye'"])
     started = time.monotonic()

@@ -115,6 +115,53 @@ def test_a_megabytes_long_round_trip_with_concurrent_send_and_recv(sshd: TestSsh
         assert echoed == payload
 
 
+def test_send_nowait_stops_at_a_full_window_instead_of_waiting_and_keeps_every_byte(
+    sshd: TestSshd, tmp_path: Path
+) -> None:
+    """What the agent hub relies on: a command that stops reading fills its SSH window, and
+    send_nowait then answers 0 at once; once it reads again, the rest goes through in order."""
+    payload = os.urandom(8 * 1024 * 1024)  # more than the SSH window and the pipes behind it
+    with session_for(sshd) as session:
+        go = tmp_path / "go"
+        tmp_path.chmod(0o777)
+        # Reads nothing until the test says so, then echoes everything.
+        stream = session.open_stream(f"while [ ! -e {go} ]; do sleep 0.02; done; cat")
+        sent = 0
+        outcome: list[str] = []
+
+        def fill() -> None:  # never waits: the window closes before 8 MiB are taken
+            nonlocal sent
+            while sent < len(payload):
+                n = stream.send_nowait(payload[sent : sent + 65536])
+                if n == 0:
+                    outcome.append("full")
+                    return
+                sent += n
+            outcome.append("all taken")
+
+        filler = threading.Thread(target=fill, daemon=True)
+        filler.start()
+        filler.join(30)
+        assert outcome == ["full"], (outcome, sent)
+        assert 0 < sent < len(payload)
+        go.touch()
+        echoed = bytearray()
+
+        def drain() -> None:
+            echoed.extend(read_exactly(stream, len(payload), timeout_s=60))
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+        while sent < len(payload):  # what a hub's retries do: write what is taken, when it is
+            n = stream.send_nowait(payload[sent : sent + 65536])
+            sent += n
+            if n == 0:
+                time.sleep(0.005)
+        reader.join(60)
+        assert bytes(echoed) == payload
+        stream.close()
+
+
 def test_a_python_echo_loop_answers_line_by_line_and_exits_on_close(sshd: TestSshd, tmp_path: Path) -> None:
     pid_file = tmp_path / "echo.pid"
     with session_for(sshd) as session:

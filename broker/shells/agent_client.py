@@ -98,6 +98,20 @@ class _Link:
         self.replay_left = 0
         self.last_heard = self.next_ping = 0.0  # time.monotonic(), set when the link opens
         self.first_ping: float | None = None  # when the first ping of the current silence went out
+        # Writes that never wait (a link the hub serves, over a transport with send_nowait):
+        # what the agent has not taken yet, in order; since when it took nothing; the hub's
+        # handle to bring the retry forward; why the link is lost if the buffer overflowed.
+        self.outbuf = bytearray()
+        self.stuck_since: float | None = None
+        self.wake: Any = None
+        self.overflow: str | None = None
+
+
+# A link whose agent stops reading keeps what it was sent here, retried every RETRY_S, and is
+# lost after dead_after_s without taking a byte (as one that stops answering), or at once past
+# MAX_UNSENT_BYTES (a few thousand Runs: far beyond what a turn sends a live agent).
+RETRY_S = 0.02
+MAX_UNSENT_BYTES = 64 << 20
 
 
 _CLOSER: Any = None
@@ -159,7 +173,10 @@ class AgentClient:
     The constructor performs the handshake and blocks until the agent's Hello (kept as
     :attr:`hello`) or ``handshake_timeout_s``. Thread-safe: any thread may submit, ack or
     cancel while the hub delivers events. Writes go out in the caller's thread: one write
-    per :meth:`submit` (with the acknowledgements :meth:`ack` held for it).
+    per :meth:`submit` (with the acknowledgements :meth:`ack` held for it), never waiting on
+    a hub-served link: what the agent does not take at once is buffered, in order, and the
+    hub writes it as the agent drains (so one stalled agent stalls neither the caller nor
+    the hub; it is lost after ``dead_after_s`` without taking a byte).
     """
 
     def __init__(
@@ -285,7 +302,9 @@ class AgentClient:
             transport.close()
             raise HandshakeError(f"{self.node}: the transport closed before the handshake: {exc}") from exc
         if hub is not None:  # one I/O thread for every agent (agent_hub.py)
-            hub.watch(transport, _HubWatcher(self, link), link.next_ping)
+            watch = hub.watch(transport, _HubWatcher(self, link), link.next_ping)
+            if callable(getattr(transport, "send_nowait", None)):
+                link.wake = lambda due: hub.wake_at(watch, due)
         else:  # a transport with nothing to wait on: a reader thread of its own
             threading.Thread(target=self._read_loop, args=(link,), name=f"agent-{self.node}", daemon=True).start()
         if not link.greeted.wait(self.handshake_timeout_s):
@@ -319,10 +338,46 @@ class AgentClient:
         if link.stopped or not messages:
             return
         data = link.conn.send_all(messages)
+        if link.wake is None:  # a link with a reader thread of its own: the write may wait
+            try:
+                link.transport.send(data)
+            except TransportClosed:
+                pass  # the reader reports NodeLost; a re-attach reconciles what was in flight
+            return
+        if link.overflow is not None:
+            return  # being lost: a re-attach reconciles what was in flight
+        self._push_locked(link, time.monotonic(), data)
+        if len(link.outbuf) > MAX_UNSENT_BYTES:
+            link.overflow = f"not reading: over {MAX_UNSENT_BYTES >> 20} MiB unsent"
+            link.outbuf = bytearray()
+            link.wake(0.0)
+        elif link.outbuf:
+            link.wake(time.monotonic() + RETRY_S)
+
+    def _push_locked(self, link: _Link, now: float, data: bytes = b"") -> None:
+        """Write what the agent takes now of ``link.outbuf`` then ``data``, never waiting; keep
+        the rest, in order, in ``link.outbuf``."""
+        if link.outbuf:
+            link.outbuf += data
+            pending: bytes | bytearray = link.outbuf
+        elif data:
+            pending = data
+        else:
+            return
         try:
-            link.transport.send(data)
+            sent = link.transport.send_nowait(pending)
         except TransportClosed:
-            pass  # the reader reports NodeLost; a re-attach reconciles what was in flight
+            link.outbuf = bytearray()  # the reader reports NodeLost
+            link.stuck_since = None
+            return
+        if pending is link.outbuf:
+            del link.outbuf[:sent]
+        elif sent < len(data):
+            link.outbuf += data[sent:]
+        if not link.outbuf:
+            link.stuck_since = None
+        elif sent or link.stuck_since is None:
+            link.stuck_since = now
 
     def _read_loop(self, link: _Link) -> None:
         """The reader thread of a transport the hub cannot watch: the same steps as the hub's
@@ -350,6 +405,24 @@ class AgentClient:
         link.done.set()
 
     def _on_timer(self, link: _Link, now: float) -> float | str:
+        """Write what is buffered; then as :meth:`_liveness`, or the link is lost because its
+        agent took nothing for ``dead_after_s`` (or overflowed its buffer)."""
+        if link.wake is None:
+            return self._liveness(link, now)
+        with self._lock:
+            self._push_locked(link, now)
+        if link.overflow is not None:
+            return link.overflow
+        due = self._liveness(link, now)
+        with self._lock:
+            unsent, stuck_since = len(link.outbuf), link.stuck_since
+        if isinstance(due, str) or not unsent or stuck_since is None:
+            return due
+        if now >= stuck_since + self.dead_after_s:
+            return f"not reading: {unsent} bytes unsent for {self.dead_after_s:g} s"
+        return min(due, now + RETRY_S, stuck_since + self.dead_after_s)
+
+    def _liveness(self, link: _Link, now: float) -> float | str:
         """Ping after ``ping_interval_s`` of silence; the next due time, or why the link is lost.
 
         Silence is a loss only once a ping has gone unanswered for ``dead_after_s -

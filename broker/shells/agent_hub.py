@@ -16,9 +16,11 @@ it, the end of a stream) calls the hook :meth:`AgentHub.watch` gave it (``on_clo
 ``epoll`` set by itself, and the hub's table is keyed by descriptor *and* watcher, so a
 number the kernel reuses for a new connection is never confused with the old one.
 
-Everything a watcher does runs on the hub thread; it must not block (a send to an agent is
-a write to a pipe or socket the agent drains), and anything slow (closing a local agent's
-bridge, which waits for its process) is handed to a short-lived thread.
+Everything a watcher does runs on the hub thread; it must never block: a send to an agent
+is a non-blocking write of what the pipe, socket or SSH window takes now, the rest kept in
+the client's buffer and retried from the watcher's timer (:meth:`AgentHub.wake_at` brings
+it forward), so an agent that stops reading stalls only itself. Anything slow (closing a
+local agent's bridge, which waits for its process) is handed to a short-lived thread.
 """
 
 from __future__ import annotations
@@ -55,10 +57,11 @@ class Watcher(Protocol):
 
 
 class _Watch:
-    __slots__ = ("transport", "watcher", "fd", "ended")
+    __slots__ = ("transport", "watcher", "fd", "ended", "due")
 
-    def __init__(self, transport: Any, watcher: Watcher, fd: int) -> None:
+    def __init__(self, transport: Any, watcher: Watcher, fd: int, due: float) -> None:
         self.transport, self.watcher, self.fd, self.ended = transport, watcher, fd, False
+        self.due = due  # the live timer entry; the heap's others for this watch are stale
 
 
 class AgentHub:
@@ -99,10 +102,11 @@ class AgentHub:
         self._thread.start()
 
     # ------------------------------------------------------------------ any thread
-    def watch(self, transport: Any, watcher: Watcher, first_due: float) -> None:
-        """Serve ``transport``'s incoming bytes to ``watcher``, and its timer from ``first_due``."""
+    def watch(self, transport: Any, watcher: Watcher, first_due: float) -> _Watch:
+        """Serve ``transport``'s incoming bytes to ``watcher``, and its timer from ``first_due``;
+        the handle is for :meth:`wake_at`."""
         fd = transport.fileno()
-        w = _Watch(transport, watcher, fd)
+        w = _Watch(transport, watcher, fd, first_due)
         transport.on_close = lambda: self._post(w)
         with self._lock:
             # A watch still filed under this number had its descriptor closed (the number was
@@ -116,6 +120,17 @@ class AgentHub:
         self._wake()
         if transport.closed:  # closed before the hook was in place
             self._post(w)
+        return w
+
+    def wake_at(self, w: _Watch, due: float) -> None:
+        """Fire ``w``'s timer by ``due`` (monotonic) if it is not due sooner already."""
+        with self._lock:
+            if w.ended or due >= w.due:
+                return
+            w.due = due
+            heapq.heappush(self._timers, (due, next(self._seq), w))
+        if not self.on_hub_thread():
+            self._wake()
 
     @property
     def thread(self) -> threading.Thread:
@@ -193,9 +208,10 @@ class AgentHub:
             with self._lock:
                 if not self._timers or self._timers[0][0] > now:
                     return
-                _, _, w = heapq.heappop(self._timers)
-            if w.ended:
-                continue
+                due, _, w = heapq.heappop(self._timers)
+                if w.ended or due != w.due:
+                    continue  # stale: wake_at moved it, or it ended
+                w.due = float("inf")  # a wake_at during the call below files an entry of its own
             try:
                 nxt = w.watcher.hub_timer(now)
             except Exception as exc:  # noqa: BLE001 - as in _serve
@@ -204,8 +220,11 @@ class AgentHub:
             if isinstance(nxt, str):
                 self._end(w, nxt)
                 continue
+            nxt = max(nxt, now + 1e-3)
             with self._lock:
-                heapq.heappush(self._timers, (max(nxt, now + 1e-3), next(self._seq), w))
+                if nxt < w.due:  # else the entry a wake_at filed meanwhile stands
+                    w.due = nxt
+                    heapq.heappush(self._timers, (nxt, next(self._seq), w))
 
     def _end(self, w: _Watch, reason: str) -> None:
         """Forget the link (its descriptor out of the set before anyone closes it), close its

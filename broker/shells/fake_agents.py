@@ -6,7 +6,9 @@ sans I/O) at one end of a ``socket.socketpair()``; the master's end is a
 around one ``epoll`` set, so a thousand fit on a small machine and the master is measured,
 not the agents. A Run is answered at once by its Started and a successful Result (no process
 is started); an Ack makes the agent forget the Result, a Ping is answered with a Pong, a
-Shutdown ends the stream. :meth:`FakeAgents.drop` cuts one agent's connection (a lost node).
+Shutdown ends the stream. :meth:`FakeAgents.drop` cuts one agent's connection (a lost node);
+:meth:`FakeAgents.stall` makes one stop reading and answering, its connection left open (a
+paused process, a full SSH window).
 """
 
 from __future__ import annotations
@@ -40,10 +42,10 @@ from workers.protocol import (
 
 
 class _Fake:
-    __slots__ = ("node", "slots", "sock", "conn", "out", "unacked")
+    __slots__ = ("node", "slots", "sock", "master", "conn", "out", "unacked")
 
-    def __init__(self, node: str, slots: int, sock: socket.socket) -> None:
-        self.node, self.slots, self.sock = node, slots, sock
+    def __init__(self, node: str, slots: int, sock: socket.socket, master: socket.socket) -> None:
+        self.node, self.slots, self.sock, self.master = node, slots, sock, master
         self.conn = Connection("agent")
         self.out = bytearray()
         self.unacked: set = set()
@@ -76,7 +78,7 @@ class FakeAgents:
         for s in (master, agent):
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
         agent.setblocking(False)
-        fake = _Fake(node, slots, agent)
+        fake = _Fake(node, slots, agent, master)
         with self._lock:
             self._fakes[agent.fileno()] = fake
         self._epoll.register(agent.fileno(), select.EPOLLIN)
@@ -87,6 +89,28 @@ class FakeAgents:
         with self._lock:
             self._to_drop.append(node)
         os.write(self._wake_w, b"x")
+
+    def stall(self, node: str, buffer_bytes: int | None = None) -> None:
+        """``node``'s agent stops reading (and so answering) but keeps its connection open:
+        what the master sends it piles up in the socket's buffers until they are full
+        (``buffer_bytes``: shrink them to about that, so they are full at once)."""
+        with self._lock:
+            fds = [fd for fd, f in self._fakes.items() if f.node == node]
+            if buffer_bytes is not None:
+                for fd in fds:
+                    self._fakes[fd].master.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_bytes)
+        for fd in fds:
+            try:
+                self._epoll.unregister(fd)
+            except OSError:
+                pass
+
+    def resume(self, node: str) -> None:
+        """``node``'s agent reads (and answers) again after :meth:`stall`."""
+        with self._lock:
+            fds = [fd for fd, f in self._fakes.items() if f.node == node]
+        for fd in fds:
+            self._epoll.register(fd, select.EPOLLIN)
 
     def close(self) -> None:
         self._stop = True
@@ -186,15 +210,16 @@ class FakeNodes:
     ``ATTACH_CONCURRENCY`` threads, as :class:`~broker.shells.nodes.SshAgents` does; ``first_at``
     and ``last_at`` (``time.perf_counter``) time the attaches."""
 
-    def __init__(self, fakes: FakeAgents, inbox: queue.Queue, slots: int) -> None:
+    def __init__(self, fakes: FakeAgents, inbox: queue.Queue, slots: int, **client_options: float) -> None:
         self.fakes, self.inbox, self.slots = fakes, inbox, slots
+        self.client_options = client_options  # AgentClient's: ping_interval_s, dead_after_s
         self.pool = ThreadPoolExecutor(ATTACH_CONCURRENCY, thread_name_prefix="attach")
         self.first_at: float | None = None
         self.last_at = 0.0
 
     def _attach(self, node: str, slots: int) -> AgentClient:
         self.first_at = self.first_at or time.perf_counter()
-        client = AgentClient(self.fakes.connect(node, slots), node, inbox=self.inbox)
+        client = AgentClient(self.fakes.connect(node, slots), node, inbox=self.inbox, **self.client_options)
         self.last_at = time.perf_counter()
         return client
 

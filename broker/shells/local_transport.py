@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import workers
-from broker.shells.transport import TransportClosed, wait_readable
+from broker.shells.transport import TransportClosed, wait_readable, write_nowait
 
 AGENT_SCRIPT = Path(workers.__file__).parent / "agent.py"
 CLOSE_GRACE_S = 2.0
@@ -36,6 +36,7 @@ class LocalTransport:
         self._in_fd = process.stdin.fileno()
         self._out_fd = process.stdout.fileno()
         os.set_blocking(self._out_fd, False)  # our end only: a read never waits (recv polls first)
+        os.set_blocking(self._in_fd, False)  # and a write never stalls the master (send_nowait)
         self._wake_r, self._wake_w = os.pipe()
         self._send_lock = threading.Lock()
         self._recv_lock = threading.Lock()
@@ -74,9 +75,20 @@ class LocalTransport:
             view = memoryview(data)
             try:
                 while view:
-                    view = view[os.write(self._in_fd, view) :]
+                    try:
+                        view = view[os.write(self._in_fd, view) :]
+                    except BlockingIOError:
+                        wait_readable([self._in_fd], 1.0, write=True)
             except OSError as exc:  # BrokenPipeError: the process is gone
                 raise TransportClosed(f"process {self.pid} stopped reading: {exc}") from exc
+
+    def send_nowait(self, data: bytes | bytearray) -> int:
+        """Write what the pipe takes now, never waiting: the bytes written (0: it is full)."""
+        with self._send_lock:
+            if self._closed:
+                raise TransportClosed("the local transport is closed")
+            return write_nowait(lambda view: os.write(self._in_fd, view), data,
+                                f"process {self.pid} stopped reading")
 
     def recv(self, max_bytes: int = 65536, timeout_s: float | None = None) -> bytes | None:
         with self._recv_lock:

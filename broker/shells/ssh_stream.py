@@ -59,6 +59,26 @@ class SshTransport:
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise TransportClosed(f"stream to {self._address} is gone: {exc}") from exc
 
+    def send_nowait(self, data: bytes | bytearray) -> int:
+        """Write what the channel's window takes now, never waiting: the bytes written (0: the
+        remote end has not opened its window). One writer at a time (the client's lock)."""
+        if self._closed:
+            raise TransportClosed(f"stream to {self._address} was closed")
+        sent, gone = 0, ""
+        with memoryview(data) as view:  # released however this ends: data may grow
+            try:
+                while sent < len(view) and self._channel.send_ready():
+                    n = self._channel.send(view[sent:])
+                    if n == 0:
+                        gone = "stopped accepting data"
+                        break
+                    sent += n
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                gone = f"is gone: {exc}"
+        if gone:
+            raise TransportClosed(f"stream to {self._address} {gone}")
+        return sent
+
     def recv(self, max_bytes: int = 65536, timeout_s: float | None = None) -> bytes | None:
         channel = self._channel
         deadline = None if timeout_s is None else time.monotonic() + timeout_s

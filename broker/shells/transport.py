@@ -13,6 +13,7 @@ channel (``ssh.py``). Both behave the same:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 
@@ -30,6 +31,9 @@ class Transport(Protocol):
 
     @property
     def closed(self) -> bool: ...
+
+    # Optional, for the agent hub: ``send_nowait(data) -> int`` writes what the stream takes
+    # now and never waits (the bytes written); a transport without it is written with ``send``.
 
 
 class SocketTransport:
@@ -66,6 +70,13 @@ class SocketTransport:
                 except OSError as exc:
                     raise TransportClosed(f"the peer is gone: {exc}") from exc
 
+    def send_nowait(self, data: bytes | bytearray) -> int:
+        """Write what the socket takes now, never waiting: the bytes written (0: it is full)."""
+        with self._lock:
+            if self._closed:
+                raise TransportClosed("the socket transport is closed")
+            return write_nowait(self._sock.send, data, "the peer is gone")
+
     def recv(self, max_bytes: int = 65536, timeout_s: float | None = None) -> bytes | None:
         if self._closed:
             return b""
@@ -89,6 +100,22 @@ class SocketTransport:
             self._sock.close()
         except OSError:
             pass
+
+
+def write_nowait(write: Callable[[memoryview], int], data: bytes | bytearray, gone: str) -> int:
+    """Call ``write`` (a non-blocking ``send`` or ``os.write``) until ``data`` is written or it
+    would block: the bytes written. A failed write raises :class:`TransportClosed` (``gone``:
+    ...). The view of ``data`` is released however this ends (a bytearray may grow again)."""
+    sent = 0
+    with memoryview(data) as view:
+        try:
+            while sent < len(view):
+                sent += write(view[sent:])
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            raise TransportClosed(f"{gone}: {exc}") from None
+    return sent
 
 
 def wait_readable(fds: list[int], timeout_s: float | None, write: bool = False) -> list[int]:
