@@ -83,7 +83,8 @@ def test_every_result_arrives_exactly_once_across_a_dropped_ssh_connection(
     slow = [Run(f"slow-{i}", 1, "sleep 0.8; echo slow-$BROKER_TASK") for i in range(8)]
     session = session_for(sshd)
     agent_dir = session.deploy_agent(str(tmp_path / "home" / ".broker" / "agent"))
-    assert sorted(os.listdir(agent_dir)) == ["agent.py", "protocol.py"]
+    # the worker package's modules, the spot notice watcher among them (workers/imds.py)
+    assert sorted(os.listdir(agent_dir)) == ["agent.py", "imds.py", "protocol.py"]
 
     client = AgentClient(attach(session, agent_dir, state_dir, slots=4), "ssh-node", ping_interval_s=1.0, dead_after_s=5.0)
     assert client.hello is not None and client.hello.slots == 4
