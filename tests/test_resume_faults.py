@@ -69,8 +69,17 @@ def test_resume_after_a_failed_task_rebuilds_the_failure_book(tmp_path, run_dir)
     assert query(run_dir, "SELECT state FROM run") == [("finished",)]
     states = dict(query(run_dir, "SELECT id, state FROM tasks"))
     assert states.pop("t000007") == "quarantined" and set(states.values()) == {"done"}
-    # The resumed run counted the failures before the kill: retries 2 means 3 attempts in all.
-    assert query(run_dir, "SELECT failures, attempts FROM tasks WHERE id = 't000007'") == [(3, 3)]
+    # The resumed run counted the failures before the kill. Retries 2 means 3 attempts in all,
+    # unless two of them failed alike on two nodes: then it is quarantined at the second
+    # (failures.py), which it can only know from the rebuilt book, as the first failure's node
+    # is in the journal alone. Which node takes the retry is the dispatch's timing (since
+    # instances attach off the loop, the dry run's instance often does).
+    nodes = query(run_dir, "SELECT DISTINCT node FROM attempts WHERE task_id = 't000007' AND outcome = 'failed'")
+    expected = 2 if len(nodes) >= 2 else 3
+    assert query(run_dir, "SELECT failures, attempts FROM tasks WHERE id = 't000007'") == [(expected, expected)]
+    if expected == 2:
+        [quarantined] = [e for e in journal_events(run_dir, "task.quarantined") if e["task"] == "t000007"]
+        assert "on 2 nodes" in quarantined["reason"]
     final = [e for e in journal_events(run_dir, "task.failed") if e["task"] == "t000007"]
     assert [e["final"] for e in final][-1] is True
     assert_nothing_left(run_dir)
