@@ -131,7 +131,11 @@ def test_sigkill_at_random_points_leaves_a_consistent_journal(tmp_path):
             lines.append(line)
         time.sleep(rng.uniform(0.0, 0.01))
         child.send_signal(signal.SIGKILL)
-        rest, _ = child.communicate(timeout=30)
+        # the rest through the same buffered reader: communicate() reads the pipe's file
+        # descriptor directly, and would drop the lines readline() had already buffered
+        rest = child.stdout.read()
+        child.wait(timeout=30)
+        child.stderr.close()
         assert child.returncode == -signal.SIGKILL
         lines += rest.splitlines(keepends=True)
 
