@@ -275,6 +275,35 @@ def test_hourly_spend_charges_every_started_hour(tmp_path):
     assert (inst.state, inst.ready_at_s, inst.paid_until_s) == ("terminated", 1090.0, 1000.0 + 7200.0)
 
 
+def test_an_interrupted_spot_instance_is_charged_only_for_what_ran(tmp_path):
+    """EC2 does not bill the hour it interrupted: the journal's spend (status, report, a
+    resume's ledger) charged it until this mark existed."""
+    journal = new_journal(tmp_path)
+    journal.record_launch("i-1", "c5.xlarge@spot", launched_at_s=0.0, price_per_hour=0.06,
+                          billing=Billing.hourly())
+    journal.record_instance_state("i-1", "terminated", at_s=5400.0)
+    assert journal.committed_usd(1e6) == pytest.approx(0.12)
+    assert journal.mark_interrupted("i-1") and not journal.mark_interrupted("i-1")
+    assert journal.committed_usd(1e6) == pytest.approx(0.06)  # the first hour only
+    assert journal.instances(1e6)[0].interrupted
+    assert journal.rows().instances[0].interrupted
+
+
+def test_a_journal_without_the_interrupted_column_gets_it_on_a_writable_open(tmp_path):
+    journal = new_journal(tmp_path)
+    journal.record_launch("i-1", "c5", launched_at_s=0.0, price_per_hour=0.1, billing=Billing.hourly())
+    journal.close()
+    raw = sqlite3.connect(tmp_path / "run" / JOURNAL_FILE)
+    raw.execute("ALTER TABLE instances DROP COLUMN interrupted")  # as written before the column
+    raw.commit()
+    raw.close()
+    old = Journal.open(tmp_path / "run", readonly=True)
+    assert not old.instances(10.0)[0].interrupted  # read as not interrupted
+    old.close()
+    again = Journal.open(tmp_path / "run")
+    assert again.mark_interrupted("i-1") and again.instances(10.0)[0].interrupted
+
+
 def test_per_second_spend_has_a_minute_minimum_then_prorates(tmp_path):
     journal = new_journal(tmp_path)
     journal.record_launch("i-2", "m5.large", launched_at_s=0.0, price_per_hour=0.36,

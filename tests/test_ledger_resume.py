@@ -121,3 +121,18 @@ def test_interrupted_attempt_rows_count_towards_max_spot_attempts_not_failures()
     led, _ = rebuild([task("a", attempts=2)], rows)
     assert led.interruptions == {"a": 2} and led.spot_barred == {"a"} and led.book.failures == {}
     assert led.book.losses == {} and "a" in led.pool
+
+
+def test_an_interrupted_spot_instance_comes_back_charged_for_what_ran_and_counted():
+    """A resumed run used to forget that EC2 took a spot instance back: the partial hour it
+    does not bill came back charged, the interruption count went to 0 and the learned rate
+    restarted from the declared one."""
+    spot = MachineType("c5@spot", 2, 2.0, 1.2, 10, 90.0, Billing.hourly(), market="spot", ec2_type="c5",
+                       interruptions_per_hour=0.05)
+    rows = JournalRows((), (), (), 1.0)
+    led, _ = Ledger.from_journal(rows, {"c5": C5, "c5@spot": spot}, TASKS, {"p": 1.0})
+    restore_instance(led, InstanceRow("i-0", "c5@spot", "terminated", 0.0, 90.0, None, 5400.0, True), 6000.0)
+    restore_instance(led, InstanceRow("i-1", "c5@spot", "terminated", 0.0, 90.0, None, 5400.0), 6000.0)
+    assert led.committed_usd(6000.0) == pytest.approx(1.2 + 2 * 1.2)  # 1 h (interrupted) + 2 h
+    assert led.spot_counts.interruptions == 1 and led.spot_seen["c5@spot"][0] == 1
+    assert led.spot_seen["c5@spot"][1] == pytest.approx(2 * 5400.0)  # both instances' exposure

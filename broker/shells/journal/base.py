@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 
 from broker.shells.diskfull import is_disk_full
 
-from .schema import _SCHEMA, JOURNAL_FILE, NODE_HEARD_TABLE, SCHEMA_VERSION, JournalDiskFull, JournalError, JournalNotFound
+from .schema import _SCHEMA, INTERRUPTED_COLUMN, JOURNAL_FILE, NODE_HEARD_TABLE, SCHEMA_VERSION, JournalDiskFull, JournalError, JournalNotFound
 
 
 class JournalBase:
@@ -36,6 +36,7 @@ class JournalBase:
         self._batch_open = False  # a batch() block is open (batches do not nest)
         self._group_open = False  # a group() block is open (a turn: one transaction)
         self._after: list[Callable[[], None]] = []  # to run once the open transaction committed
+        self._has_interrupted = True  # instances.interrupted exists (not in an old journal read read-only)
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
@@ -111,8 +112,13 @@ class JournalBase:
                     f"{self.path} has journal schema v{version}, older than v{SCHEMA_VERSION} and "
                     "not upgradable: start a new run directory"
                 )
+            columns = {r[1] for r in db.execute("PRAGMA table_info(instances)")}
             if not self.readonly:
                 db.execute(NODE_HEARD_TABLE)
+                if "interrupted" not in columns:
+                    db.execute(INTERRUPTED_COLUMN)
+                    columns.add("interrupted")
+            self._has_interrupted = "interrupted" in columns
 
     def close(self) -> None:
         with self._lock:

@@ -120,7 +120,7 @@ class JournalReader(JournalBase):
                     "SELECT task_id, attempt, node, started_at, ended_at, outcome, runtime_s, exit_code, timed_out,"
                     " error FROM attempts ORDER BY id")]
             instances = [InstanceRow(r.id, r.type_name, r.state, r.launched_at_s, r.ready_at_s, r.release_at_s,
-                                     r.terminated_at_s) for r in self._instance_rows(db, self._now(None))]
+                                     r.terminated_at_s, r.interrupted) for r in self._instance_rows(db, self._now(None))]
         scale = float(run.options.get("time_scale", 1.0)) if run is not None else 1.0
         return JournalRows(tuple(tasks), tuple(attempts), tuple(instances), scale)
 
@@ -155,16 +155,16 @@ class JournalReader(JournalBase):
         out = self._out
         for row in db.execute(
             "SELECT id, type, state, launched_at, ready_at, paid_until, release_at, terminated_at,"
-            " price_per_hour, billing_unit_s, billing_minimum_s, client_token FROM instances"
-            " ORDER BY launched_at, id"
+            " price_per_hour, billing_unit_s, billing_minimum_s, client_token,"
+            f" {'interrupted' if self._has_interrupted else '0'} FROM instances ORDER BY launched_at, id"
         ):
             (iid, type_name, state, launched, ready, paid_until, release, terminated,
-             price, unit_s, minimum_s, token) = row
+             price, unit_s, minimum_s, token, interrupted) = row
             billing = _billing(unit_s, minimum_s)
             if terminated is None:
                 paid_until = billing.paid_until(launched, max(now_stored, launched))
             records.append(InstanceRecord(iid, type_name, state, out(launched), out(ready), out(paid_until),
-                                          out(release), out(terminated), price, billing, token))
+                                          out(release), out(terminated), price, billing, token, bool(interrupted)))
         return records
 
     def committed_usd(self, now_s: float | None = None) -> float:

@@ -131,6 +131,7 @@ CREATE TABLE instances (
     billing_unit_s    REAL NOT NULL CHECK (billing_unit_s > 0),
     billing_minimum_s REAL NOT NULL CHECK (billing_minimum_s >= 0),
     action_seq        INTEGER REFERENCES actions (seq),
+    interrupted       INTEGER NOT NULL DEFAULT 0,    -- spot: EC2 took it back (charged for what ran)
     CHECK ((state = 'terminated') = (terminated_at IS NOT NULL))
 );
 CREATE INDEX instances_by_state ON instances (state);
@@ -172,6 +173,9 @@ CREATE TABLE IF NOT EXISTS node_heard (
 
 # Added to schema v1 after its first release: a journal written before it gets the table when
 # it is next opened for writing (a resume); readers of such a journal see no row.
+# Added after schema v1 was released: a journal written before gets the column on its first
+# writable open (read-only opens of such a journal read it as 0).
+INTERRUPTED_COLUMN = "ALTER TABLE instances ADD COLUMN interrupted INTEGER NOT NULL DEFAULT 0"
 NODE_HEARD_TABLE = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS node_heard"):].strip().rstrip(";")
 
 
@@ -253,9 +257,12 @@ class InstanceRecord:
     price_per_hour: float
     billing: Billing
     client_token: str | None
+    interrupted: bool = False  # spot: EC2 took it back; charged only for what ran
 
     def committed_usd(self, now_s: float) -> float:
         end_s = self.terminated_at_s if self.terminated_at_s is not None else now_s
+        if self.interrupted:
+            return self.billing.interrupted_billed_s(end_s - self.launched_at_s) / 3600.0 * self.price_per_hour
         return self.billing.cost_usd(end_s - self.launched_at_s, self.price_per_hour)
 
 

@@ -490,6 +490,13 @@ class Journal(JournalReader):
             )
             return state != old_state
 
+    def mark_interrupted(self, instance_id: str) -> bool:
+        """EC2 took the spot instance back: it is charged only for what ran (its committed
+        cost, and a resumed ledger's, count it so). False if unknown or marked already."""
+        with self._write() as db:
+            cur = db.execute("UPDATE instances SET interrupted = 1 WHERE id = ? AND interrupted = 0", (instance_id,))
+            return cur.rowcount == 1
+
     def set_release(self, instance_id: str, release_at_s: float | None) -> bool:
         """Schedule (or, with None, cancel) an instance's release. False if it is terminated."""
         stored = None if release_at_s is None else self._now(release_at_s)

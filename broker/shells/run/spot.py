@@ -65,6 +65,7 @@ class SpotMixin:
         now = self.clock.now_s()
         noticed = record.notice_at_s is not None
         followups = self.ledger.on_interrupted(instance_id, now)
+        self.journal.mark_interrupted(instance_id)  # its cost: what ran (status, report, a resume)
         lost = sum(1 for f in followups if isinstance(f, Cancel))
         self._emit("instance.interrupted", instance_id=instance_id, type=record.type.name, noticed=noticed,
                    attempts_lost=lost, cost_usd=round(record.cost_usd(now), 6))

@@ -61,6 +61,7 @@ class InstanceRow:
     ready_at_s: float | None
     release_at_s: float | None
     terminated_at_s: float | None
+    interrupted: bool = False  # spot: EC2 took it back
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,9 +148,16 @@ def resume_release(ledger: Ledger, instance_id: str, journaled_at_s: float | Non
 
 
 def restore_instance(ledger: Ledger, row: InstanceRow, now: float) -> ScheduleRelease | None:
-    """Put a journaled instance back in the ledger (a terminated one for its cost only)."""
+    """Put a journaled instance back in the ledger (a terminated one for its cost only; an
+    interrupted one charged for what ran, and counted in its type's learned rate and the
+    run's interruptions, as :meth:`Ledger.on_interrupted` counted it)."""
     ledger.on_launched(row.id, row.type_name, row.launched_at_s, now)
+    node = ledger.nodes.get(row.id)
+    if row.interrupted and node is not None and node.type is not None:
+        node.interrupted = True
+        ledger.spot_counts.interruptions += 1
+        if node.type.is_spot:
+            ledger.spot_seen.setdefault(node.type.name, [0, 0.0])[0] += 1
     if row.state == "terminated":
         ledger.on_released(row.id, row.terminated_at_s if row.terminated_at_s is not None else now)
-        return None
     return None
