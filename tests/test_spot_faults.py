@@ -73,6 +73,25 @@ def test_an_instance_released_before_its_notice_is_left_alone(world):
     assert not any(r.interrupted for r in fleet.describe().instances)
 
 
+def test_a_resumed_dry_run_still_interrupts_the_spot_instances_launched_before_it(world):
+    """A resume builds a new interrupter; it used to learn only of RunInstances it saw, so the
+    spot instances launched before the daemon died were never taken back."""
+    fleet, injector, first, metadata, clock = world
+    first.close()  # the daemon died
+    spot = fleet.launch("c5.large@spot", 1, client_token="spot-test-4").instances[0].id
+    entries = parse_fault_spec("spot_interrupt:c5.large:3600")
+    resumed = SpotInterrupter(spot_rates(entries), injector, first.client, metadata, clock, time_scale=60.0,
+                              seed=2, poll_s=0.01).attach(first.client)
+    try:
+        assert resumed.is_spot(spot)
+        clock.now += 3600.0 + NOTICE_S
+        assert wait_for(lambda: metadata.noticed(spot))
+        clock.now += NOTICE_S
+        assert wait_for(lambda: any(r.id == spot and r.interrupted for r in fleet.describe().instances))
+    finally:
+        resumed.close()
+
+
 def test_the_spot_fault_spec_is_checked_and_names_the_spot_offer():
     (entry,) = parse_fault_spec("spot_interrupt:c5.large:6")
     assert (entry.kind, entry.target, entry.rate) == (FaultKind.SPOT_INTERRUPT, "c5.large@spot", 6.0)

@@ -64,8 +64,17 @@ class SpotInterrupter:
         """Learn every instance the run launches, from its RunInstances answers."""
         launching_client.meta.events.register("after-call.ec2.RunInstances", self._launched,
                                               unique_id=f"spot-interrupter-{id(self)}")
+        self._adopt_running()
         self._thread.start()
         return self
+
+    def _adopt_running(self) -> None:
+        """The spot instances moto already runs (a resumed dry run: launched before the daemon
+        died) are interrupted like new ones; each draws its time from now (the law is
+        memoryless). Without this a resumed run's earlier spot instances were never taken back."""
+        answer = self.client.describe_instances(
+            Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}])
+        self._launched({"Instances": [i for r in answer.get("Reservations", ()) for i in r.get("Instances", ())]})
 
     def close(self) -> None:
         self._stop.set()
