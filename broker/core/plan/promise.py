@@ -464,26 +464,43 @@ def _list_schedule(free: np.ndarray, rel: np.ndarray, speed: np.ndarray, x: np.n
     to the slot free first among those where it fits before the release (``fit`` its
     assumed size), else to the slot free first (an extension; without ``extend``, a budget,
     to a private slot, or nowhere: the task stays undone). Returns each slot's last end,
-    the start and reference size of its last task, and the tasks left undone per replicate."""
+    the start and reference size of its last task, and the tasks left undone per replicate.
+
+    Incremental: ``avail`` (a slot's free time where the task fits, else inf) is rebuilt
+    only when the assumed size changes (tasks without an estimate all share one); between,
+    a task changes one slot per replicate, and only that entry is recomputed (the same
+    float operations on the same operands as the whole-array rule, so the same schedule)."""
     free = free.copy()
-    rows = np.arange(free.shape[0])
+    R = free.shape[0]
+    rows = np.arange(R)
     last_start = np.full(free.shape, -np.inf)
     last_ref = np.zeros(free.shape)
-    undone = np.zeros(free.shape[0], dtype=int)
+    undone = np.zeros(R, dtype=int)
     private = np.isposinf(rel)  # only private slots have no release (a closed slot's is -inf)
+    avail, size = None, None
     for k in range(x.shape[1]):
-        fits = free + fit[k] / speed <= rel
-        avail = np.where(fits, free, np.inf)
+        if avail is None or not fit[k] == size:
+            size = fit[k]
+            avail = np.where(free + size / speed <= rel, free, np.inf)
         j = np.argmin(avail, axis=1)
         none = ~np.isfinite(avail[rows, j])
         if none.any():
-            j = np.where(none, np.argmin(free if extend else np.where(private, free, np.inf), axis=1), j)
-        ok = np.isfinite(free[rows, j]) & (extend | ~none | private[rows, j])
-        undone += ~ok
-        r, j = rows[ok], j[ok]
-        last_start[r, j] = free[r, j]
-        last_ref[r, j] = x[ok, k]
-        free[r, j] = free[r, j] + x[ok, k] / speed[r, j]
+            r = rows[none]
+            f = free[r] if extend else np.where(private[r], free[r], np.inf)
+            j[r] = np.argmin(f, axis=1)
+        start = free[rows, j]
+        ok = np.isfinite(start) & (extend | ~none | private[rows, j])
+        if not ok.all():
+            undone += ~ok
+            rows_k, j, start = rows[ok], j[ok], start[ok]
+        else:
+            rows_k = rows
+        last_start[rows_k, j] = start
+        xk = x[rows_k, k]
+        last_ref[rows_k, j] = xk
+        end = start + xk / speed[rows_k, j]
+        free[rows_k, j] = end
+        avail[rows_k, j] = np.where(end + size / speed[rows_k, j] <= rel[rows_k, j], end, np.inf)
     return free, last_start, last_ref, undone
 
 
