@@ -129,14 +129,49 @@ class RuntimeLaw:
         """``count`` draws of ``X - a`` given ``X > a``, and whether the data could not say:
         when no runtime seen is longer than ``a``, the task is taken to need as long again
         as half its age or the tail's mean excess, whichever is more (an exponential of that
-        mean, never past the cap; the controller copies such an overdue task elsewhere)."""
+        mean, never past the cap; the controller copies such an overdue task elsewhere).
+
+        On ascending atoms (every law built here) ``X > a`` is a suffix of them, so a draw
+        is a search in the survival function ``S_k`` (the mass from atom ``k`` up, summed
+        once per law): the first atom ``k`` past ``a`` with ``S_{k+1} < (1 - u) S(a)``, in
+        O(log atoms) per task instead of a pass over every atom (a forecast draws this for
+        every running task; an observed law has an atom per finished task)."""
+        v, neg = self.values_ref_s, self._neg_survival()
+        i0 = int(np.searchsorted(v, age_ref_s, side="right")) if neg is not None else 0
+        if neg is None or i0 >= v.size or not -neg[i0] > 0:
+            return self._draw_beyond_scan(rng, age_ref_s, count)
+        # the atoms past a that are not the cap nor past the tail are those from i0 up to
+        # the first one that is: there is one iff atom i0 is
+        if not (v[i0] < self.cap_ref_s and (self.tail_from_ref_s is None or v[i0] <= self.tail_from_ref_s)):
+            return self._fallback_beyond(rng, age_ref_s, count)
+        u = rng.random(count)
+        k = np.searchsorted(neg, (1.0 - u) * neg[i0], side="right") - 1
+        return v[np.clip(k, i0, v.size - 1)] - age_ref_s, False
+
+    def _neg_survival(self) -> np.ndarray | None:
+        """``-S_k`` (ascending), ``S_k`` the mass of atoms ``k`` and up (``S_A = 0``
+        appended), when the atoms ascend (None otherwise); computed once per law."""
+        neg = self.__dict__.get("_neg_surv", False)
+        if neg is False:
+            v = self.values_ref_s
+            neg = None
+            if bool(np.all(v[1:] >= v[:-1])) and not np.isnan(v).any():
+                neg = -np.append(np.cumsum(self.weights[::-1])[::-1], 0.0)
+            object.__setattr__(self, "_neg_surv", neg)
+        return neg
+
+    def _fallback_beyond(self, rng: np.random.Generator, age_ref_s: float, count: int) -> tuple[np.ndarray, bool]:
+        mean = max(self.tail_excess_ref_s, 0.5 * age_ref_s, 1e-9)
+        return np.minimum(rng.exponential(mean, count), max(self.cap_ref_s - age_ref_s, 0.0)), True
+
+    def _draw_beyond_scan(self, rng: np.random.Generator, age_ref_s: float, count: int) -> tuple[np.ndarray, bool]:
+        """:meth:`draw_beyond` by a pass over every atom (atoms in any order)."""
         above = self.values_ref_s > age_ref_s
         real = above & (self.values_ref_s < self.cap_ref_s)
         if self.tail_from_ref_s is not None:
             real &= self.values_ref_s <= self.tail_from_ref_s
         if not real.any():
-            mean = max(self.tail_excess_ref_s, 0.5 * age_ref_s, 1e-9)
-            return np.minimum(rng.exponential(mean, count), max(self.cap_ref_s - age_ref_s, 0.0)), True
+            return self._fallback_beyond(rng, age_ref_s, count)
         w = self.weights[above]
         cum = np.cumsum(w / w.sum())
         idx = np.minimum(np.searchsorted(cum, rng.random(count), side="right"), cum.size - 1)

@@ -464,27 +464,55 @@ def _list_schedule(free: np.ndarray, rel: np.ndarray, speed: np.ndarray, x: np.n
     to the slot free first among those where it fits before the release (``fit`` its
     assumed size), else to the slot free first (an extension; without ``extend``, a budget,
     to a private slot, or nowhere: the task stays undone). Returns each slot's last end,
-    the start and reference size of its last task, and the tasks left undone per replicate."""
-    free = free.copy()
-    rows = np.arange(free.shape[0])
-    last_start = np.full(free.shape, -np.inf)
-    last_ref = np.zeros(free.shape)
-    undone = np.zeros(free.shape[0], dtype=int)
+    the start and reference size of its last task, and the tasks left undone per replicate.
+
+    Incremental: ``avail`` (a slot's free time where the task fits, else inf) is rebuilt
+    only when the assumed size changes (tasks without an estimate all share one); between,
+    a task changes one slot per replicate, and only that entry is recomputed (the same
+    float operations on the same operands as the whole-array rule, so the same schedule).
+    The arrays are walked flat (``rows * m + slot``)."""
+    R, m = free.shape
+    free = free.ravel().copy()
+    rel, speed = rel.ravel(), speed.ravel()
+    base = np.arange(R) * m
+    last_start = np.full(R * m, -np.inf)
+    last_ref = np.zeros(R * m)
+    undone = np.zeros(R, dtype=int)
     private = np.isposinf(rel)  # only private slots have no release (a closed slot's is -inf)
-    for k in range(x.shape[1]):
-        fits = free + fit[k] / speed <= rel
-        avail = np.where(fits, free, np.inf)
-        j = np.argmin(avail, axis=1)
-        none = ~np.isfinite(avail[rows, j])
-        if none.any():
-            j = np.where(none, np.argmin(free if extend else np.where(private, free, np.inf), axis=1), j)
-        ok = np.isfinite(free[rows, j]) & (extend | ~none | private[rows, j])
-        undone += ~ok
-        r, j = rows[ok], j[ok]
-        last_start[r, j] = free[r, j]
-        last_ref[r, j] = x[ok, k]
-        free[r, j] = free[r, j] + x[ok, k] / speed[r, j]
-    return free, last_start, last_ref, undone
+    xt = np.ascontiguousarray(x.T)
+    avail, size = None, None
+    for k in range(xt.shape[0]):
+        if avail is None or not fit[k] == size:
+            size = fit[k]
+            avail = np.where(free + size / speed <= rel, free, np.inf)
+        at = base + np.argmin(avail.reshape(R, m), axis=1)
+        start = avail[at]  # the slot's free time where the task fits
+        xk = xt[k]
+        if not np.isfinite(start).all():  # some replicate has no slot where it fits
+            at, start, xk, ok = _no_fit(at, start, free, private, xk, R, m, extend)
+            undone += ~ok
+        sp = speed[at]
+        end = start + xk / sp
+        last_start[at] = start
+        last_ref[at] = xk
+        free[at] = end
+        avail[at] = np.where(end + size / sp <= rel[at], end, np.inf)
+    shape = (R, m)
+    return free.reshape(shape), last_start.reshape(shape), last_ref.reshape(shape), undone
+
+
+def _no_fit(at, start, free, private, xk, R: int, m: int, extend: bool):
+    """The slots of the replicates where a task fits nowhere: the slot free first (without
+    ``extend``: the private slot free first; none, the task stays undone). Returns the
+    (flat slot, start, size) of the replicates that run it, and which do."""
+    none = ~np.isfinite(start)
+    r = np.flatnonzero(none)
+    f = free.reshape(R, m)[r]
+    at = at.copy()
+    at[r] = r * m + np.argmin(f if extend else np.where(private.reshape(R, m)[r], f, np.inf), axis=1)
+    start = free[at]
+    ok = np.isfinite(start) & (extend | ~none | private[at])
+    return at[ok], start[ok], xk[ok], ok
 
 
 def _replicate_last(free, last_start, last_ref, speed, overdue_ref: float, rounds: int = 3) -> np.ndarray:
