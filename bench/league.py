@@ -98,6 +98,7 @@ class Result:
     sim_wall_s: float = math.nan
     error: str | None = None
     first_launch_s: float = math.nan  # when the first instance was launched (after sampling, without estimates)
+    planned_work_ref_s: float = math.nan  # the work's upper confidence value when the first plan was made
 
     @property
     def complete(self) -> bool:
@@ -123,7 +124,8 @@ def run(spec: Spec) -> Result:
         return Result(spec, error=f"{type(exc).__name__}: {exc}")
     return Result(spec, r.makespan_s, r.cost_usd, r.max_committed_usd, r.tasks_done, r.tasks_total,
                   r.instances_launched, r.sim_wall_s, first_launch_s=min((t for t, _, _ in r.fleet_changes),
-                                                                          default=math.nan))
+                                                                          default=math.nan),
+                  planned_work_ref_s=math.nan if r.planned_work_ref_s is None else r.planned_work_ref_s)
 
 
 # -- bounds --------------------------------------------------------------------------------------
@@ -340,7 +342,8 @@ def versus_goals(scn, b: Bounds, base: Result, at_budget: Result | None, at_dead
                      f"makespan {at_budget.makespan_s / base.makespan_s:.3f} x (goal <= 1.02)"
                      + (", OVER BUDGET" if over else "")
                      + ("" if ok else f"; that budget is {base.cost_usd / b.floor_usd:.3f} x the cost floor "
-                        f"{usd(b.floor_usd)} (the true work on the most efficient machine, no allowance)"))
+                        f"{usd(b.floor_usd)} (the true work on the most efficient machine, no allowance)"
+                        + promisable(b, base.cost_usd, at_budget)))
     if at_deadline is not None:
         met = at_deadline.complete and at_deadline.makespan_s <= base.makespan_s + 1e-6
         ok = met and at_deadline.cost_usd <= 1.01 * base.cost_usd
@@ -358,6 +361,24 @@ def versus_goals(scn, b: Bounds, base: Result, at_budget: Result | None, at_dead
                 line += (f"; the broker launched its first instance at {hours(at_deadline.first_launch_s)} "
                          f"(sampling {ControllerConfig().min_samples} runtimes on the private node first: no estimates)")
         goals.append(line)
+
+
+def promisable(b: Bounds, budget_usd: float, r: Result) -> str:
+    """Why a budget line may be unreachable as posed: the broker holds a budget at confidence, so
+    its first plan covers the work's upper confidence value as it knew it then (after sampling,
+    without estimates); when even the cheapest plan for that work, the cost floor's rate on it,
+    costs more than the budget, no plan within the budget could be promised, and the broker
+    plans for the point value (cause ``budget_tight``) or a share of it (``budget_short``)."""
+    if not math.isfinite(r.planned_work_ref_s) or b.work.total_ref_s <= 0:
+        return ""
+    floor = b.floor_usd / b.work.total_ref_s * r.planned_work_ref_s
+    if floor <= budget_usd:
+        return (f"; the cost floor of the work's upper confidence value at the first plan "
+                f"({r.planned_work_ref_s / 3600:,.1f} ref-h) is {usd(floor)}, within the budget")
+    return (f"; unreachable as posed: the work's upper confidence value when the first plan was made "
+            f"({r.planned_work_ref_s / 3600:,.1f} ref-h, the true work {b.work.total_ref_s / 3600:,.1f}) costs at "
+            f"least {usd(floor)} = {floor / budget_usd:.3f} x the budget on the most efficient machine: no plan "
+            f"within it can be promised at confidence")
 
 
 # -- the literal List_eta, next to the thesis's Tables 6.4 / 6.5 (for information) --------------
