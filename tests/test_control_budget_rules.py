@@ -1,0 +1,52 @@
+"""The budget's fleet rules, decided on a snapshot at their edge (no simulator).
+
+- under a budget, the money a plan frees moves at once (``fleet.budget_moves_at_once``): a
+  re-plan that finds a faster fleet affordable by shortening a running instance's schedule
+  launches it at that re-plan; the shortening does not wait for its surplus to persist, nor is
+  it held to a plan for more work while the launch goes ahead (the cap then refused the launch).
+"""
+
+from __future__ import annotations
+
+import pytest
+from builders import M, MARGIN_S, decide, launches, node, observations, pool, releases, running, snapshot
+
+from broker.core.control.actions import Launch
+from broker.core.control.snapshot import Goal, Memory
+from broker.core.plan import Plan
+
+HOUR = 3600.0
+UNIT_USD = 0.10  # one hour of the default type ``m`` (speed 1, limit 10)
+
+
+def _slow_first_plan(budget_usd: float = 2.0):
+    """A budget run whose first plan (a wide upper value) bought one ``m`` for 20 hours: its
+    release, 20 h out, commits the whole $2.00. Fifteen minutes later the work is better known:
+    100 tasks of 600 ref-s, which ten instances do in under two hours for the same money."""
+    slow = node("i-1", running=[running("r0", 800.0, estimate_ref_s=600.0)], release_at_s=20 * HOUR - MARGIN_S)
+    snap = snapshot(now_s=900.0, nodes=[slow], pending=pool([(f"p{k}", 600.0) for k in range(100)]),
+                    observations=observations(60, 600.0), committed_usd=UNIT_USD)
+    memory = Memory(last_plan_at_s=0.0, planned_makespan_s=20 * HOUR, planned_cost_usd=2.0,
+                    last_plan=Plan(makespan_s=20 * HOUR, cost_usd=2.0, fleet={"m": 1}))
+    return decide(snap, goal=Goal("budget", budget_usd), memory=memory)
+
+
+def test_regression_a_budget_replan_launched_nothing_while_its_shortening_waited():
+    # before: "budget cap: launching 0 of 9 m", i-1 kept to 20 h, the faster fleet bought
+    # only once the shortening had persisted 10 minutes (or never, held to a plan for more work)
+    d = _slow_first_plan()
+    assert launches(d) == {"m": 9}
+    assert releases(d) == {"i-1": (2 * HOUR - MARGIN_S, "surplus_at_billing_boundary")}
+
+
+@pytest.mark.parametrize("budget_usd", [2.0, 1.99, 2.5])
+def test_the_money_moved_never_exceeds_the_budget(budget_usd):
+    # what the decision buys: each launch to its release (plus the margin, paid), i-1 to its
+    # (new) release, from launch; never more than the budget, and the faster fleet is bought
+    d = _slow_first_plan(budget_usd)
+    bought = sum(a.count * M.billing.cost_usd(a.release_after_s + MARGIN_S, M.price_per_hour)
+                 for a in d.actions if isinstance(a, Launch))
+    release = releases(d).get("i-1", (20 * HOUR - MARGIN_S, None))[0]
+    kept = M.billing.cost_usd(release + MARGIN_S, M.price_per_hour)
+    assert bought + kept <= budget_usd + 1e-9
+    assert sum(launches(d).values()) >= 3
