@@ -343,7 +343,7 @@ def versus_goals(scn, b: Bounds, base: Result, at_budget: Result | None, at_dead
                      + (", OVER BUDGET" if over else "")
                      + ("" if ok else f"; that budget is {base.cost_usd / b.floor_usd:.3f} x the cost floor "
                         f"{usd(b.floor_usd)} (the true work on the most efficient machine, no allowance)"
-                        + promisable(b, base.cost_usd, at_budget)))
+                        + promisable(b, base.cost_usd, at_budget) + sampled_first(at_budget)))
     if at_deadline is not None:
         met = at_deadline.complete and at_deadline.makespan_s <= base.makespan_s + 1e-6
         ok = met and at_deadline.cost_usd <= 1.01 * base.cost_usd
@@ -361,6 +361,15 @@ def versus_goals(scn, b: Bounds, base: Result, at_budget: Result | None, at_dead
                 line += (f"; the broker launched its first instance at {hours(at_deadline.first_launch_s)} "
                          f"(sampling {ControllerConfig().min_samples} runtimes on the private node first: no estimates)")
         goals.append(line)
+
+
+def sampled_first(r: Result) -> str:
+    """Without estimates or a prior the broker plans only after sampling ``min_samples`` runtimes
+    on the private node: the time that took is time the baselines were already running."""
+    if not (r.first_launch_s > 0 and math.isfinite(r.first_launch_s)):
+        return ""
+    return (f"; the broker launched its first instance at {hours(r.first_launch_s)} "
+            f"(sampling {ControllerConfig().min_samples} runtimes on the private node first: no estimates)")
 
 
 def promisable(b: Bounds, budget_usd: float, r: Result) -> str:
