@@ -4,6 +4,9 @@
   re-plan that finds a faster fleet affordable by shortening a running instance's schedule
   launches it at that re-plan; the shortening does not wait for its surplus to persist, nor is
   it held to a plan for more work while the launch goes ahead (the cap then refused the launch).
+- a budget re-plans at the shortest gap while its estimate is loose
+  (``fleet.budget_still_learning``): 5 minutes after a plan, not 15, while the remaining work's
+  band (upper - point) / point is wider than the 20% hysteresis.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import pytest
 from builders import M, MARGIN_S, decide, launches, node, observations, pool, releases, running, snapshot
 
 from broker.core.control.actions import Launch
+from broker.core.control.controller import Controller, ControllerConfig
 from broker.core.control.snapshot import Goal, Memory
 from broker.core.plan import Plan
 
@@ -50,3 +54,26 @@ def test_the_money_moved_never_exceeds_the_budget(budget_usd):
     kept = M.billing.cost_usd(release + MARGIN_S, M.price_per_hour)
     assert bought + kept <= budget_usd + 1e-9
     assert sum(launches(d).values()) >= 3
+
+
+def _five_minutes_after_a_plan(runtimes_seen: int) -> bool:
+    """Whether a budget run re-plans 5 minutes after its last plan, its fleet on plan (no
+    drift): three instances to 13,200 s, 40 tasks left, ``runtimes_seen`` runtimes of mean
+    600 ref-s (12: a band of 27%; 60: 18%)."""
+    now, end = 1200.0, 13200.0
+    nodes = [node(f"i-{k}", running=[running(f"r{k}", 1000.0)], release_at_s=end - MARGIN_S, paid_until_s=HOUR)
+             for k in range(3)]
+    snap = snapshot(now_s=now, nodes=nodes, pending=pool(40), observations=observations(runtimes_seen, 600.0),
+                    tasks_done=runtimes_seen, committed_usd=3 * UNIT_USD)
+    memory = Memory(last_plan_at_s=now - 300.0, planned_makespan_s=end, planned_cost_usd=3.6,
+                    last_plan=Plan(makespan_s=end - now + 300.0, cost_usd=3.6, fleet={"m": 3}))
+    d = Controller(Goal("budget", 3.6), ControllerConfig()).decide(snap, memory, now, None)
+    return d.memory.last_plan_at_s == now
+
+
+def test_regression_a_budget_waited_15_minutes_on_a_plan_made_on_a_loose_estimate():
+    assert _five_minutes_after_a_plan(12)
+
+
+def test_a_budget_on_a_firm_estimate_keeps_the_regular_interval():
+    assert not _five_minutes_after_a_plan(60)

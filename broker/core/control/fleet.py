@@ -38,7 +38,7 @@ def plan_and_fleet(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
     # of a short budget bisects the share of the work the budget buys: ~8 searches).
     due = since >= ctl.config.replan_every_s - 1e-9 or (
         since >= ctl.config.min_replan_gap_s - 1e-9 and not memory.budget_stopped
-        and drifted(ctl, snap, memory, now, rem)
+        and (drifted(ctl, snap, memory, now, rem) or budget_still_learning(ctl, rem))
     )
     if not due:
         return memory
@@ -80,6 +80,24 @@ def plan_and_fleet(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
     if ctl.config.promise:
         memory = update_promise(ctl, snap, memory, now, rem, s, result.cause)
     return memory
+
+
+def budget_still_learning(ctl: Controller, rem: RemainingWork) -> bool:
+    """Rule "a budget re-plans at the shortest gap while its estimate is loose".
+
+    True under a budget while the remaining work's confidence band, (upper - point) / point, is
+    wider than the fixed hysteresis (20%): the plan is then re-solved every ``min_replan_gap_s``
+    (5 min) instead of every ``replan_every_s`` (15 min). A budget plan covers the work's upper
+    value; right after sampling that value is wide, and the budget may buy it only on the
+    slowest plan, while the runtimes the next minutes bring narrow it enough for a fast one.
+    What it buys: the fast fleet ten minutes sooner (thesis LM20 without estimates, 2,000
+    tasks, at condor_annex's $33.76: the first plan, after 30 runtimes at 1.05 h, bought 2
+    c1.medium for 62 h for an upper value of 1,030 ref-h; the re-plan at 1.13 h, on 38
+    runtimes, launched 39 instances: 2.71 h -> 2.38 h, condor_annex's own makespan). Its
+    price: a budget search (about 8 solves) every 5 minutes while the band is wide, which is
+    only the first minutes of a bag without estimates."""
+    return ctl.goal.kind == GoalKind.BUDGET and rem.point_ref_s > 0 and (
+        rem.upper_ref_s - rem.point_ref_s) / rem.point_ref_s > ctl.config.hysteresis
 
 
 # -- hysteresis ---------------------------------------------------------------------------
