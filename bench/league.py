@@ -293,6 +293,8 @@ def report_scenario(scn: sc.LeagueScenario, b: Bounds, results: list[Result], go
         rows.append([f"broker: {label}", goal, outcome(r), ratio(r.cost_usd, fluid), ratio(r.cost_usd, billed),
                      ratio(billed, fluid), f"{r.launched}"])
         bound_goal(scn, r, fluid, billed, goals)
+        if r.spec.goal_kind == "budget" and goals[-1].startswith("MISS"):
+            goals[-1] += promisable(b, r.spec.goal_value, r)
     table(f"{scn.name}: the broker's points (n={scn.tasks:,}; fastest plan for the true work "
           f"{hours(b.fastest_s)}, cost floor {usd(b.floor_usd)})",
           ["run", "goal", "delivered", "cost/fluid", "cost/billed", "billed/fluid", "launched"], rows)
