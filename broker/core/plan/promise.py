@@ -300,6 +300,12 @@ def forecast(
         cutoff = deadline_at_s - max(tail_ref_s - fit_u, 0.0) / speed
         rel = np.where(slow, np.minimum(rel, cutoff), rel)
     extend = budget_usd is None  # under a budget nothing paid runs past its release
+    if horizon_at_s is not None and extend:
+        # The controller holds its planning deadline H: a private node takes what the
+        # instances leave only as far as it ends by H; work past that keeps instances on
+        # (re-plans extend or buy), it does not queue on the private node up to the deadline.
+        private = np.isposinf(slots["release"])[None, :]
+        rel = np.where(private, np.minimum(rel, max(horizon_at_s, now_s)), rel)
     free, rel = _after_bulk(work, bulk.size > 0, rel, laws, speed, busy, rng, extend)
     fit = np.where(np.isnan(tail), fit_u, tail)
     ends, last_start, last_ref, undone = _list_schedule(free, rel, speed, x, fit, extend)
