@@ -46,7 +46,11 @@ its running task; half a mean task per slot is the end-of-life waste the fit rul
 and slot ``j`` is next free at ``t_b + rho_j / s_j``. The last
 ``K = min(n_p, 3 x slots)`` tasks are then list-scheduled exactly, vectorised over the
 replicates. Work past every release (the plan was short in this replicate) runs on the
-slot free first, as the controller would extend or buy; this replicate then overruns.
+slot free first, as the controller would extend or buy; this replicate then overruns. With
+a planning deadline ``H`` (and no budget) a private node takes work only as far as it ends
+by ``H``: the controller holds ``H`` by keeping instances on, it does not leave the rest to
+a slow private node up to the user's deadline (while ``H`` is far, the private node does
+take what the instances leave).
 
 The controller's own rules, carried out per replicate. With a planning deadline ``H``
 (every goal but a budget) it sheds the capacity the replicate's work does not need by ``H``
