@@ -305,11 +305,7 @@ def forecast(
         rel = np.where(slow, np.minimum(rel, cutoff), rel)
     extend = budget_usd is None  # under a budget nothing paid runs past its release
     if horizon_at_s is not None and extend:
-        # The controller holds its planning deadline H: a private node takes what the
-        # instances leave only as far as it ends by H; work past that keeps instances on
-        # (re-plans extend or buy), it does not queue on the private node up to the deadline.
-        private = np.isposinf(slots["release"])[None, :]
-        rel = np.where(private, np.minimum(rel, max(horizon_at_s, now_s)), rel)
+        rel = _private_until(rel, slots, max(horizon_at_s, now_s))
     free, rel = _after_bulk(work, bulk.size > 0, rel, laws, speed, busy, rng, extend)
     fit = np.where(np.isnan(tail), fit_u, tail)
     ends, last_start, last_ref, undone = _list_schedule(free, rel, speed, x, fit, extend)
@@ -321,6 +317,14 @@ def forecast(
     cost, stopped = _capped(cost, undone, budget_usd, machines)
     return Forecast(makespan - started_at_s, cost, fallbacks, running, now_s - started_at_s, spent_usd,
                     budget_usd, stopped)
+
+
+def _private_until(rel: np.ndarray, slots, until_s: float) -> np.ndarray:
+    """The controller holds its planning deadline H: a private node takes what the instances
+    leave only as far as it ends by H (``until_s``); work past that keeps instances on
+    (re-plans extend or buy), it does not queue on the private node up to the deadline."""
+    private = np.isposinf(slots["release"])[None, :]
+    return np.where(private, np.minimum(rel, until_s), rel)
 
 
 def _capped(cost: np.ndarray, undone: np.ndarray, budget_usd: float | None, machines):
