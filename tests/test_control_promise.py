@@ -140,3 +140,31 @@ def test_a_deadlines_promise_looks_ahead_to_the_give_backs_the_controller_will_m
     # a budget goal has no planning deadline to give back: its forecast stands
     assert promises._after_give_backs(Controller(Goal("budget", 5.0)), snap(now), memory, now, None, Scratch(), [],
                                       first, 10) is first
+
+
+@pytest.mark.slow
+def test_the_promise_at_ten_percent_done_holds_a_bimodal_bags_makespan():
+    """Issue 16: the promises made during a run must hold too, not only the first. A bimodal
+    bag (half 5 min, half 60 min, no estimates, no prior) of 2,000 tasks on a free 8-slot
+    private node and four hourly EC2 types booting in 90-200 s, under a 7 h deadline: the
+    first promise made once 10% of the bag is done held the delivered makespan in 3 of these
+    12 runs, mostly above it (the forecast queued what the instances leave on the slow private
+    node up to the deadline, where the controller keeps instances on to its planning
+    deadline); 10 of 12 with that modelled. The 90% goal itself is measured over 20 seeds of
+    10,000 tasks by bench/promises.py."""
+    from broker.sim.workloads import build_workload
+
+    types = tuple(MachineType(n, slots, speed, price, 20, boot, Billing.hourly()) for n, slots, speed, price, boot in
+                  (("small", 1, 1.0, 0.05, 90.0), ("medium", 2, 1.5, 0.17, 120.0), ("large", 4, 2.0, 0.40, 150.0),
+                   ("xlarge", 8, 2.5, 0.95, 200.0)))
+    inv = Inventory(private=(PrivateNode("own", slots=8, speed=1.0, cost_per_hour=0.0, local=True),), types=types)
+    spec = {"runtime": {"dist": "bimodal", "weight": 0.5, "mean1": "5m", "sd1": "1m", "mean2": "60m", "sd2": "10m"},
+            "prior": "none"}
+    n, held = 2000, 0
+    for seed in range(1, 13):
+        wl = build_workload(spec, seed, tasks=n, name="bimodal")
+        r = Simulation(inv, wl, Goal("deadline", 7 * 3600.0), ControllerConfig(confidence=0.9),
+                       SimOptions(seed=seed)).run()
+        promise = next(p for _, done, _, p in r.promise_log if done >= 0.1 * n)
+        held += promise.holds(r.makespan_s, r.cost_usd)[0]
+    assert held >= 9, f"the promise at 10% done held the makespan in {held} of 12 runs"

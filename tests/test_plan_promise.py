@@ -244,3 +244,24 @@ def test_an_instance_that_works_to_its_release_is_charged_to_it():
     p = forecast(m, law, Pending(2000), now_s=0.0, rng=np.random.default_rng(1)).promise(0.9)
     assert p.cost_usd == pytest.approx(3.0, rel=0.01)
     assert p.makespan_s == pytest.approx(2000 * 10.0 - 3000.0, rel=0.01)
+
+
+@pytest.mark.parametrize("straggler_rule", [False, True])
+def test_work_the_instances_leave_does_not_queue_on_a_private_node_past_the_planning_deadline(straggler_rule):
+    """The controller holds its planning deadline H: what the instances leave goes to a private
+    node only as far as it ends by H; past H a re-plan keeps instances on. Queued on the slow
+    private node up to the user's deadline, a forecast promised bimodal runs that ended at
+    12 h a makespan of 33 h (the deadline), and the first plan, held on that forecast, pulled
+    its planning deadline in by 22 h."""
+    # an instance 4x faster than the private node, released at 2 h; 100 tasks of 600 s: the
+    # instance does at most 48 by then, the private node 12; 40 are left over
+    m = [Machine(1, 1.0, 0.0, price_per_hour=0.0),
+         Machine(1, 4.0, 0.0, release_at_s=7200.0, price_per_hour=1.0, launched_at_s=0.0, billing=Billing.hourly())]
+    law = RuntimeLaw.parametric(600.0, 0.0)
+    h, deadline = 2.5 * 3600.0, 20 * 3600.0
+    kw = dict(deadline_at_s=deadline, tail_ref_s=600.0) if straggler_rule else {}
+    f = forecast(m, law, Pending(100), now_s=0.0, rng=np.random.default_rng(1), horizon_at_s=h, **kw)
+    # 24,000 ref-s left at 2 h on 5 ref-s/s: 1.3 h more with the instance kept on (the
+    # private node alone: 6.7 h more)
+    assert f.makespan_quantile(0.9) < 4 * 3600.0
+    assert f.cost_quantile(0.5) >= 4.0  # the instance's third and fourth hours are paid for

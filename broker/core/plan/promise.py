@@ -46,7 +46,11 @@ its running task; half a mean task per slot is the end-of-life waste the fit rul
 and slot ``j`` is next free at ``t_b + rho_j / s_j``. The last
 ``K = min(n_p, 3 x slots)`` tasks are then list-scheduled exactly, vectorised over the
 replicates. Work past every release (the plan was short in this replicate) runs on the
-slot free first, as the controller would extend or buy; this replicate then overruns.
+slot free first, as the controller would extend or buy; this replicate then overruns. With
+a planning deadline ``H`` (and no budget) a private node takes work only as far as it ends
+by ``H``: the controller holds ``H`` by keeping instances on, it does not leave the rest to
+a slow private node up to the user's deadline (while ``H`` is far, the private node does
+take what the instances leave).
 
 The controller's own rules, carried out per replicate. With a planning deadline ``H``
 (every goal but a budget) it sheds the capacity the replicate's work does not need by ``H``
@@ -300,6 +304,8 @@ def forecast(
         cutoff = deadline_at_s - max(tail_ref_s - fit_u, 0.0) / speed
         rel = np.where(slow, np.minimum(rel, cutoff), rel)
     extend = budget_usd is None  # under a budget nothing paid runs past its release
+    if horizon_at_s is not None and extend:
+        rel = _private_until(rel, slots, max(horizon_at_s, now_s))
     free, rel = _after_bulk(work, bulk.size > 0, rel, laws, speed, busy, rng, extend)
     fit = np.where(np.isnan(tail), fit_u, tail)
     ends, last_start, last_ref, undone = _list_schedule(free, rel, speed, x, fit, extend)
@@ -311,6 +317,14 @@ def forecast(
     cost, stopped = _capped(cost, undone, budget_usd, machines)
     return Forecast(makespan - started_at_s, cost, fallbacks, running, now_s - started_at_s, spent_usd,
                     budget_usd, stopped)
+
+
+def _private_until(rel: np.ndarray, slots, until_s: float) -> np.ndarray:
+    """The controller holds its planning deadline H: a private node takes what the instances
+    leave only as far as it ends by H (``until_s``); work past that keeps instances on
+    (re-plans extend or buy), it does not queue on the private node up to the deadline."""
+    private = np.isposinf(slots["release"])[None, :]
+    return np.where(private, np.minimum(rel, until_s), rel)
 
 
 def _capped(cost: np.ndarray, undone: np.ndarray, budget_usd: float | None, machines):
