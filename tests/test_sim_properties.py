@@ -123,3 +123,20 @@ def test_failures_are_retried_and_every_task_still_done_once():
     assert r.tasks_done == 300
     assert sorted(r.completions.values()) == [1] * 300
     assert r.wasted_ref_s > 0  # failures did happen and their work was thrown away
+
+
+def test_regression_a_surplus_seen_on_a_billing_boundary_is_not_released_there():
+    """Hypothesis found it: 600 s units, a $0.50 budget, a re-plan on a tick that fell on an
+    instance's billing boundary found it surplus and released it there, where the next unit
+    starts (``fleet.off_the_boundary``)."""
+    billing = Billing.custom(600, 600)
+    types = (MachineType("type0", 1, 1.0, 0.05, 1, 0.0, billing),
+             MachineType("type1", 3, 1.0, 0.05, 5, 0.0, billing))
+    rng = np.random.default_rng(1)
+    runtimes = rng.lognormal(math.log(1200.0) - 0.125, 0.5, 71)
+    r = run(Inventory(private=(), types=types), SimWorkload(runtimes, None, None, name="generated"),
+            Goal("budget", 0.5), 1, speed_noise=0.2)
+    planned = [rel for rel in r.releases if rel["cause"] in PLANNED]
+    assert planned and r.tasks_done == 71
+    for rel in planned:
+        assert rel["paid_until_s"] - MARGIN_S - 1e-6 <= rel["at_s"] < rel["paid_until_s"] - 1e-6, rel
