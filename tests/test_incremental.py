@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import broker.core.control.dispatch as dispatch_mod
@@ -92,6 +92,9 @@ SCENARIOS = {
 }
 
 
+COPY_MAY_WIN = dispatch_mod._copy_may_win
+
+
 def _trace(name: str, seed: int, incremental: bool, monkeypatch):
     inv, (wl_name, tasks, with_estimates), goal, opts = SCENARIOS[name]
     wl = build_workload(BUILTIN[wl_name], seed, tasks=tasks)
@@ -99,6 +102,7 @@ def _trace(name: str, seed: int, incremental: bool, monkeypatch):
         est = wl.runtimes_ref_s * np.random.default_rng(seed).uniform(0.8, 1.2, tasks)
         wl = SimWorkload(wl.runtimes_ref_s, est, float(est.mean()), name="estimated")
     monkeypatch.setattr(dispatch_mod, "replicate", dispatch_mod.replicate if incremental else reference_replicate)
+    monkeypatch.setattr(dispatch_mod, "_copy_may_win", COPY_MAY_WIN if incremental else lambda snap, now: True)
     sim = Simulation(inv, wl, goal, ControllerConfig(), SimOptions(seed=seed, **opts))
     sim.ledger.free_index_on = incremental
     trace = []
@@ -211,6 +215,16 @@ def test_replicate_copies_what_the_full_scan_copies(tail):
     dispatch_mod.replicate(snap, now, mean, idle, fast)
     reference_replicate(snap, now, mean, idle, slow)
     assert fast.actions == slow.actions
+    # The tail's shortcut (dispatch._copy_may_win, from the ledger's O(1) counts): when it says
+    # no copy can win, the full scan copies nothing.
+    running = [n for n in nodes if n.running]
+    counted = Snapshot(now_s=now, types={}, nodes=nodes, pending=TaskPool(), tasks_total=0, tasks_done=0,
+                       observations=None, committed_usd=0.0, free_nodes=tuple({n.id: n for n, _, _ in idle}.values()),
+                       slowest_running_speed=min((n.speed for n in running), default=math.inf),
+                       latest_start_s=max((r.started_at_s for n in running for r in n.running), default=-math.inf))
+    if not dispatch_mod._copy_may_win(counted, now):
+        event("no copy can win")
+        assert slow.actions == []
 
 
 # -- the ledger's running sums against a recomputation ------------------------------------------
@@ -281,6 +295,8 @@ def test_ledger_running_sums_equal_a_recomputation(script):
                          for n in live)
         assert snap.committed_usd == pytest.approx(recomputed, rel=1e-9, abs=1e-9)
         assert snap.count_running() == sum(len(n.running) for n in led.nodes.values())
+        assert snap.slowest_running_speed == min((n.speed for n in led.nodes.values() if n.running), default=math.inf)
+        assert all(a.started_at_s <= snap.latest_start_s for n in led.nodes.values() for a in n.running.values())
         scratch = Snapshot(now_s=now, types={}, nodes=snap.nodes, pending=snap.pending, tasks_total=0,
                            tasks_done=0, observations=None, committed_usd=0.0)
         assert {v.id for v in snap.nodes_with_free_slots()} == {v.id for v in scratch.nodes_with_free_slots()}

@@ -135,6 +135,9 @@ class RerunSlots:
 def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_and_fit: tuple[float, float], rng,
              s: Scratch) -> None:
     mean, fit_size = mean_and_fit
+    if ctl.config.policy == Policy.BROKER and len(snap.pending) == 0 and (
+            not ctl.config.replicate or not _copy_may_win(snap, now)):
+        return  # the tail: nothing to hand out, and no copy could end sooner anywhere
     fit_rule = ctl.config.policy == Policy.BROKER or BASELINES[ctl.config.policy].fit_rule
     least = snap.pending.smallest_size(fit_size)  # fit_rule: the broker's pool size of unknown tasks
     ready, slowest = _ready_nodes(ctl, snap, now, least, s)
@@ -164,6 +167,27 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
             idle_slots = [x for x in idle_slots if (x[0].id, x[1]) != (node.id, slot)]
     if ctl.config.replicate and ctl.config.policy == Policy.BROKER and len(snap.pending) - len(s.taken) <= 0 and idle_slots:
         replicate(snap, now, mean, idle_slots, s)
+
+
+def _copy_may_win(snap: Snapshot, now: float) -> bool:
+    """False when no idle slot can end a copy of a running task sooner, known in O(speeds).
+
+    A copy of a task of size x >= 0 started at s <= now on a node of speed u ends on a slot of
+    speed v at now + x / v, before the original's s + x / u only if v > u (its expected end
+    is s + x / u for overdue tasks too: their size is stretched, :class:`_Tail`). So when no
+    free node is faster than the slowest node running a task, ``replicate`` copies nothing:
+    at 1,000 identical nodes its scan of every running task and every idle slot cost 3 ms
+    a decision, for the whole tail of the bag. Unknown (a snapshot without the ledger's
+    counts, or a start after ``now``): True, and the scan decides."""
+    slowest, latest = snap.slowest_running_speed, snap.latest_start_s
+    if slowest is None or latest is None or latest > now:
+        return True
+    index = snap.free_index
+    if index is not None and snap.free_index_version == index.version:
+        fastest = index.fastest()
+    else:
+        fastest = max((n.speed for n in snap.nodes_with_free_slots()), default=None)
+    return fastest is not None and fastest > slowest
 
 
 FEW_FREE_NODES = 16  # up to this many free nodes, looking at each costs less than asking the index
