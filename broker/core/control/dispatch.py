@@ -242,6 +242,9 @@ def _fill(ctl: Controller, snap: Snapshot, memory: Memory, now: float, ready: li
             continue
         if fit_rule:
             limit_ref = min(limit_ref, tail_limit_ref(ctl, snap, memory, node, now, fit_size, fastest))
+        if not baseline and not spot.applies(node):  # the shared rule alone: the same picks, fewer calls
+            _fill_node(snap.pending, node, slots, limit_ref, fit_size, s, idle_slots)
+            continue
         for k, slot in enumerate(slots):
             pick = _baseline_pick(ctl, snap, memory, node, rng, s) if baseline else None
             taken = spot.excluded(node, s.taken)
@@ -262,6 +265,21 @@ def _fill(ctl: Controller, snap: Snapshot, memory: Memory, now: float, ready: li
             s.taken.add(pick[0])
             s.actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, WorkCause.DISPATCH))
     return idle_slots
+
+
+def _fill_node(pending, node: NodeView, slots: list[int], limit_ref: float, size_ref: float, s: Scratch,
+               idle_slots: list) -> None:  # noqa: ANN001
+    """``_fill``'s loop for one node of the broker's policy where no spot rule applies: each
+    slot takes the largest pending task that fits; the first that finds none leaves the
+    node's other slots idle too (they would find none either)."""
+    taken, actions, largest = s.taken, s.actions, pending.largest_fitting
+    for k, slot in enumerate(slots):
+        pick = largest(limit_ref, size_ref, taken)
+        if pick is None:
+            idle_slots.extend((node, other, limit_ref) for other in slots[k:])
+            return
+        taken.add(pick[0])
+        actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, WorkCause.DISPATCH))
 
 
 class SpotSlots:
@@ -293,6 +311,10 @@ class SpotSlots:
             isinstance(a, Launch) and not getattr(types.get(a.type_name), "is_spot", True) for a in actions))
         self.barred = snap.spot_barred if fallback else frozenset()
         self.short_first = fallback and bool(snap.pending.smallest_estimates_ref_s(1))
+
+    def applies(self, node: NodeView) -> bool:
+        """Whether a rule of spot changes what a slot of ``node`` takes."""
+        return (bool(self.barred) or self.short_first) and node.id in self.spot
 
     def excluded(self, node: NodeView, taken: set[str]) -> set[str]:
         """What ``node`` may not take: the tasks taken by this pass (and, on spot, the barred)."""

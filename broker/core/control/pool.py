@@ -146,15 +146,19 @@ class TaskPool:
 
         Tasks without an estimate count as ``mean_ref_s``. Returns (task id, estimate).
         """
-        down_known, _, down_unknown = self._jumps(taken)
+        if self._memo_taken is not taken:
+            self._jumps(taken)
         best: tuple[str, float] | None = None
-        i = bisect.bisect_right(self._known, (limit_ref_s, "\U0010ffff")) - 1
-        i = _free_below(self._known, i, taken, down_known, True)
-        if i >= 0:
-            est, tid = self._known[i]
-            best = (tid, est)
+        if self._known:
+            i = bisect.bisect_right(self._known, (limit_ref_s, "\U0010ffff")) - 1
+            i = _free_below(self._known, i, taken, self._down_known, True)
+            if i >= 0:
+                est, tid = self._known[i]
+                best = (tid, est)
         if self._unknown and mean_ref_s <= limit_ref_s and (best is None or mean_ref_s >= best[1]):
-            j = _free_below(self._unknown, len(self._unknown) - 1, taken, down_unknown, False)
+            j = len(self._unknown) - 1
+            if self._unknown[j] in taken or j in self._down_unknown:
+                j = _free_below(self._unknown, j, taken, self._down_unknown, False)
             if j >= 0:
                 return (self._unknown[j], mean_ref_s)
         return best

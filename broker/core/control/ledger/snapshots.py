@@ -58,7 +58,13 @@ class SnapshotMixin:
 
     def _count_running(self, node: NodeRecord, a: Attempt, step: int) -> None:
         """An attempt started (``step`` 1) or ended (-1) on ``node``: the snapshot's
-        ``slowest_running_speed`` and ``latest_start_s`` follow in O(1)."""
+        ``slowest_running_speed`` and ``latest_start_s`` follow in O(1), and the attempt's
+        :class:`RunningTask` is made once, not at every rebuild of its node's view."""
+        if step > 0:
+            node.running_views[a.slot] = RunningTask(a.task_id, a.attempt, a.slot, a.started_at_s,
+                                                     self.estimates.get(a.task_id))
+        else:
+            del node.running_views[a.slot]
         left = self._running_speeds.get(node.speed, 0) + step
         if left:
             self._running_speeds[node.speed] = left
@@ -74,9 +80,8 @@ class SnapshotMixin:
     def _view(self, node: NodeRecord, now: float) -> NodeView:
         if node.view is not None:
             return node.view
-        est = self.estimates
-        running = tuple(RunningTask(a.task_id, a.attempt, slot, a.started_at_s, est.get(a.task_id))
-                        for slot, a in sorted(node.running.items()))
+        views = node.running_views
+        running = tuple(views[slot] for slot in sorted(views)) if len(views) > 1 else tuple(views.values())
         if node.ready_at_s is not None:
             ready = None if node.type is None else node.ready_at_s
         elif node.expected_ready_s is not None and node.expected_ready_s > now:
