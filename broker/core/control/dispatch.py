@@ -165,7 +165,8 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
             s.taken.add(pick[0])
             s.actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, WorkCause.NOTHING_FITS_ANYWHERE))
             idle_slots = [x for x in idle_slots if (x[0].id, x[1]) != (node.id, slot)]
-    if ctl.config.replicate and ctl.config.policy == Policy.BROKER and len(snap.pending) - len(s.taken) <= 0 and idle_slots:
+    if (ctl.config.replicate and ctl.config.policy == Policy.BROKER and len(snap.pending) - len(s.taken) <= 0
+            and idle_slots and _copy_may_win(snap, now)):  # the idle slots are free nodes' of the snapshot
         replicate(snap, now, mean, idle_slots, s)
 
 
