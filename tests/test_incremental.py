@@ -194,7 +194,9 @@ def tails(draw):
             task = f"t{draw(st.integers(0, 25)) if draw(st.booleans()) else 100 + tid}"
             tid += 1
             est = draw(st.one_of(st.none(), st.floats(10.0, 4000.0)))
-            running.append(RunningTask(task, 1, k, draw(st.floats(0.0, 3000.0)), est))
+            # mostly before now; sometimes after it (a clock that restarted): the tail's shortcuts must hold
+            start = draw(st.floats(0.0, 3000.0)) if draw(st.integers(0, 7)) else draw(st.floats(0.0, 7000.0))
+            running.append(RunningTask(task, 1, k, start, est))
         nodes.append(NodeView(id=f"n{i:02d}", slots=slots, speed=speed, running=tuple(running), type_name="t"))
     idle = []
     for i in sorted(range(n_nodes), key=lambda i: -nodes[i].speed):
@@ -225,6 +227,26 @@ def test_replicate_copies_what_the_full_scan_copies(tail):
     if not dispatch_mod._copy_may_win(counted, now):
         event("no copy can win")
         assert slow.actions == []
+
+
+def test_replicate_leaves_out_only_the_tasks_no_idle_slot_can_beat():
+    """The tail keeps the tasks of nodes slower than the fastest idle slot: a task on a speed-2
+    node is copied to an idle speed-3 slot (ends at 100 + 1000/3 < 500), one on a speed-3 node
+    is not (and would never be), and a speed-3 node's task started after ``now`` is kept."""
+    slow = NodeView(id="a", slots=1, speed=2.0, running=(RunningTask("x", 1, 0, 0.0, None),), type_name="t")
+    same = NodeView(id="b", slots=1, speed=3.0, running=(RunningTask("y", 1, 0, 0.0, None),), type_name="t")
+    idle = NodeView(id="c", slots=2, speed=3.0, type_name="t")
+    snap = Snapshot(now_s=100.0, types={}, nodes=(slow, same, idle), pending=TaskPool(), tasks_total=0, tasks_done=0,
+                    observations=None, committed_usd=0.0)
+    s = Scratch()
+    dispatch_mod.replicate(snap, 100.0, 1000.0, [(idle, 0, math.inf), (idle, 1, math.inf)], s)
+    assert s.actions == [Replicate("x", SlotRef("c", 0), 2, WorkCause.TAIL_REPLICATION)]
+    late = NodeView(id="b", slots=1, speed=3.0, running=(RunningTask("y", 1, 0, 150.0, None),), type_name="t")
+    snap = Snapshot(now_s=100.0, types={}, nodes=(late, idle), pending=TaskPool(), tasks_total=0, tasks_done=0,
+                    observations=None, committed_usd=0.0)
+    s = Scratch()
+    dispatch_mod.replicate(snap, 100.0, 1000.0, [(idle, 0, math.inf)], s)
+    assert s.actions == [Replicate("y", SlotRef("c", 0), 2, WorkCause.TAIL_REPLICATION)]
 
 
 # -- the ledger's running sums against a recomputation ------------------------------------------

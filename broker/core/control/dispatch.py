@@ -382,7 +382,7 @@ def replicate(snap: Snapshot, now: float, mean: float, idle_slots, s: Scratch) -
     whose scan found nothing can only copy a task of that slot's node (any other would have
     been copied there): it looks at those alone, so a tail of 4,000 running tasks and 1,000
     idle slots costs a few scans, not 1,000."""
-    tasks = _Tail(snap, now, mean)
+    tasks = _Tail(snap, now, mean, max((node.speed for node, _, _ in idle_slots), default=0.0))
     least = tasks.least
     beaten = None  # (limit, speed, node) of a slot whose full scan found nothing to copy
     for node, slot, limit_ref in idle_slots:
@@ -406,16 +406,29 @@ def replicate(snap: Snapshot, now: float, mean: float, idle_slots, s: Scratch) -
 
 class _Tail:
     """The running tasks with a single copy, as ``(-end, task, k, size, task, node)``: a heap
-    drawn into ``order`` as scans need it (latest end first, ties by task id), and by node."""
+    drawn into ``order`` as scans need it (latest end first, ties by task id), and by node.
 
-    def __init__(self, snap: Snapshot, now: float, mean: float):
+    Only the tasks of nodes slower than ``below`` (the fastest idle slot) are kept (and those
+    of a node with a start after ``now``): a copy ends sooner only on a faster node
+    (``_copy_may_win``), so the others can never be drawn, and
+    leaving them out changes no scan (``least`` over the kept ones still bounds every copy).
+    Their copies are still counted: a task with two copies is out of the running."""
+
+    def __init__(self, snap: Snapshot, now: float, mean: float, below: float = math.inf):
         copies: dict[str, int] = {}
         heap: list = []
         self.by_node: dict[str, list] = {}
         least = math.inf
+        counted = 0
         for n in snap.nodes:
             if not n.running:
                 continue
+            if n.speed >= below and all(r.started_at_s <= now for r in n.running):
+                for r in n.running:
+                    copies[r.task_id] = copies.get(r.task_id, 0) + 1
+                counted += len(n.running)
+                continue
+            counted += len(n.running)
             speed, mine = n.speed, []
             for r in n.running:
                 tid = r.task_id
@@ -432,7 +445,7 @@ class _Tail:
                 mine.append(x)
                 least = size if size < least else least
             self.by_node[n.id] = mine
-        if len(copies) < len(heap):  # tasks with two copies are out of the running for good
+        if len(copies) < counted:  # tasks with two copies are out of the running for good
             heap = [x for x in heap if copies[x[1]] < 2]
             least = min((x[3] for x in heap), default=math.inf)
             self.copies = copies
