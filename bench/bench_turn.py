@@ -1,6 +1,7 @@
 """The master's decision turn against the fleet's size (issue 20: 2 ms or less at 1,000 nodes).
 
     python3 bench/bench_turn.py [--nodes 16,128,1000,4000] [--tasks-per-slot 6] [--virtual-h 1.5]
+    python3 bench/bench_turn.py --batches 10,100,500 [--nodes 100,1000,4000]
 
 A turn is what the daemon's loop does after events arrive (``RunLoop._decide``): the
 ledger's snapshot and ``Controller.decide``; a dispatch turn (``tick=False``) follows every
@@ -13,6 +14,16 @@ hours of the run. Turns are counted once at least 90% of the nodes are up. Print
 median, mean and 99th percentile of each kind of turn in CPU time (``time.process_time``:
 on a loaded machine wall time counts the other processes' turns too), and the share of a
 CPU the process got.
+
+With ``--batches``: the daemon's case, where one turn brings many results at once (``broker
+run`` drains up to 1,000 inbox messages a turn: at 1,000 fast agents, 500 results and 500
+starts) and its decision hands out as many tasks. The same ledger and controller, driven
+directly: private nodes of 4 slots (speed 1), tasks without estimates, every turn the ``K``
+oldest running attempts end and one decision (snapshot + decide, CPU) follows. Printed per
+fleet size and ``K``: the median decision of busy turns (tasks pending) with the starts it
+made, its 95th percentile, and the median decision of tail turns (nothing pending). A
+decision that costs in proportion to what changed, not to the fleet, shows the same figure
+down a column of ``K``.
 """
 
 from __future__ import annotations
@@ -75,13 +86,77 @@ def measure(nodes: int, tasks_per_slot: int, virtual_h: float, seed: int) -> dic
             "mean": statistics.fmean(turns[False]) * 1e3 if turns[False] else float("nan")}
 
 
+def batched(nodes: int, per_turn: int, seed: int) -> dict:
+    """The decisions of a run where ``per_turn`` results arrive every turn (see the docstring)."""
+    import numpy as np
+
+    from broker.core.control.actions import Assign, Replicate
+    from broker.core.control.ledger import Ledger
+    from broker.core.control.snapshot import Memory
+    from broker.core.model import PrivateNode
+    from broker.core.control.controller import Controller
+
+    ledger = Ledger({}, tick_s=60.0)
+    tasks = max(12000, 12 * nodes)
+    ledger.add_tasks([(f"t{i:07d}", None) for i in range(tasks)], np.random.default_rng(seed).permutation(tasks))
+    for i in range(nodes):
+        ledger.add_private(PrivateNode(f"n{i:04d}", 4, local=False, host="fake"))
+        ledger.on_node_ready(f"n{i:04d}", 0.0)
+    ctl, memory, rng = Controller(Goal(), ControllerConfig(tick_s=60.0, margin_s=120.0)), Memory(), np.random.default_rng(seed)
+    running, busy, tail, now = [], [], [], 0.0
+    while not ledger.finished:
+        now += 0.05
+        t0 = time.process_time()
+        snap = ledger.snapshot(now)
+        d = ctl.decide(snap, memory, now, rng, tick=False)
+        took = time.process_time() - t0
+        memory = d.memory
+        starts = [a for a in d.actions if isinstance(a, (Assign, Replicate))]
+        for a in starts:
+            attempt = ledger.start(a.task_id, a.slot.node, a.slot.index, now, replica=isinstance(a, Replicate))
+            if attempt is not None:
+                running.append(attempt)
+        if len(snap.pending) and snap.count_running():  # not the first turn, which fills every slot
+            busy.append((took, len(starts)))
+        elif not len(snap.pending):
+            tail.append(took)
+        ended, running = running[:per_turn], running[per_turn:]
+        now += 0.01
+        for a in ended:
+            ledger.on_result(a.node, a.task_id, a.attempt, now, runtime_s=0.01)
+
+    def q(xs, p):
+        return sorted(xs)[min(len(xs) - 1, int(p * len(xs)))] * 1e3 if xs else float("nan")
+
+    return {"busy": len(busy), "b50": q([t for t, _ in busy], 0.5), "b95": q([t for t, _ in busy], 0.95),
+            "starts": statistics.median(k for _, k in busy) if busy else 0, "tail": len(tail), "t50": q(tail, 0.5)}
+
+
+def main_batches(args) -> None:  # noqa: ANN001
+    print(f"$ python3 bench/bench_turn.py --batches {args.batches} --nodes {args.nodes}")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print("one decision (ledger snapshot + controller decide) in CPU ms, K results a turn")
+    print(f"{'nodes':>6} {'K':>5} {'busy turns':>10} {'starts':>7} {'median ms':>10} {'p95 ms':>8} "
+          f"{'tail turns':>10} {'tail median ms':>14}")
+    for n in (int(x) for x in args.nodes.split(",")):
+        for k in (int(x) for x in args.batches.split(",")):
+            r = batched(n, k, args.seed)
+            print(f"{n:>6} {k:>5} {r['busy']:>10} {r['starts']:>7.0f} {r['b50']:>10.3f} {r['b95']:>8.3f} "
+                  f"{r['tail']:>10} {r['t50']:>14.3f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", default="16,128,1000,4000")
     ap.add_argument("--tasks-per-slot", type=int, default=6)
     ap.add_argument("--virtual-h", type=float, default=1.5)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--batches", default=None, help="K results a turn (comma list): the daemon's batched turns")
     args = ap.parse_args()
+    if args.batches:
+        main_batches(args)
+        return
     print(f"$ python3 bench/bench_turn.py --nodes {args.nodes} --tasks-per-slot {args.tasks_per_slot} "
           f"--virtual-h {args.virtual_h}")
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "

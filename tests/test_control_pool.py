@@ -76,3 +76,99 @@ def test_a_retry_waits_behind_the_tasks_already_pending():
         pool.remove(tid)
         order.append(tid)
     assert order[-1] == taken and sorted(order) == [f"t{i}" for i in range(4)]
+
+
+def _reference_largest(pool_items, limit, mean, taken):
+    """The rule, by brute force over (id, estimate or None, stack position) in take order."""
+    known = sorted((e, t) for t, e, _ in pool_items if e is not None)
+    best = None
+    for e, t in reversed(known):
+        if e <= limit and t not in taken:
+            best = (t, e)
+            break
+    if mean <= limit and (best is None or mean >= best[1]):
+        for t, e, _ in sorted((x for x in pool_items if x[1] is None), key=lambda x: -x[2]):
+            if t not in taken:
+                return (t, mean)
+    return best
+
+
+def _reference_smallest(pool_items, mean, taken):
+    known = sorted((e, t) for t, e, _ in pool_items if e is not None)
+    unknown = [t for t, e, _ in sorted((x for x in pool_items if x[1] is None), key=lambda x: -x[2])]
+    for e, t in known:
+        if t not in taken:
+            if unknown and mean < e:
+                break
+            return (t, e)
+    for t in unknown:
+        if t not in taken:
+            return (t, mean)
+    return None
+
+
+def _stack_items(pool):
+    return [(t, pool.estimate(t), pool._unknown_pos.get(t, -1)) for t in pool.task_ids()]
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(0, 20).map(float)), min_size=1, max_size=60), st.data())
+@settings(max_examples=150)
+def test_picks_of_one_decision_match_the_scan_as_taken_grows(ests, data):
+    """A decision picks many tasks into one growing ``taken`` set; the pool's remembered jumps
+    over taken runs must answer what a scan from scratch answers, also after the pool changes
+    or when another set is asked about in between (the memo is dropped, not trusted)."""
+    pool = TaskPool()
+    pool.extend((f"t{i}", e) for i, e in enumerate(ests))
+    taken: set[str] = set()
+    next_id = len(ests)
+    for _ in range(data.draw(st.integers(1, 80))):
+        op = data.draw(st.sampled_from(["largest", "largest", "smallest", "other", "mutate", "new"]))
+        if op == "mutate":  # the shell changes the pool (between decisions; or the same set kept)
+            if len(pool) and data.draw(st.booleans()):
+                pool.remove(data.draw(st.sampled_from(list(pool.task_ids()))))
+            else:
+                pool.add(f"t{next_id}", data.draw(st.one_of(st.none(), st.integers(0, 20).map(float))),
+                         last=data.draw(st.booleans()))
+                next_id += 1
+            if data.draw(st.booleans()):
+                taken = set()
+            continue
+        if op == "new":
+            taken = set()
+            continue
+        if op == "other":  # another set in between (a spot node's taken | barred)
+            other = taken | set(data.draw(st.lists(st.sampled_from(list(pool.task_ids()) or ["x"]), max_size=3)))
+            limit = data.draw(st.integers(0, 25).map(float))
+            assert pool.largest_fitting(limit, 7.0, other) == _reference_largest(_stack_items(pool), limit, 7.0, other)
+            continue
+        items = _stack_items(pool)
+        if op == "largest":
+            limit = data.draw(st.integers(0, 25).map(float))
+            got = pool.largest_fitting(limit, 7.0, taken)
+            assert got == _reference_largest(items, limit, 7.0, taken)
+        else:
+            got = pool.smallest(7.0, taken)
+            assert got == _reference_smallest(items, 7.0, taken)
+        if got is not None:
+            taken.add(got[0])
+
+
+def test_a_pool_changed_under_the_same_taken_set_is_scanned_afresh():
+    """Jumps recorded over taken runs are positions: a removal shifts the tasks under them, so
+    a remembered jump over [b, c] would then skip d. The pool forgets them when it changes."""
+    pool = TaskPool()
+    pool.extend([("a", 1.0), ("b", 2.0), ("c", 3.0), ("d", 4.0)])
+    taken = {"b", "c"}
+    assert pool.largest_fitting(3.0, 0.0, taken) == ("a", 1.0)  # scans past c and b: remembers the jump
+    pool.remove("a")
+    assert pool.largest_fitting(4.0, 0.0, taken) == ("d", 4.0)
+    taken.add("d")
+    assert pool.largest_fitting(4.0, 0.0, taken) is None
+    unknown = TaskPool()
+    unknown.extend((t, None) for t in "wxyz")  # taken from the end: z, y, x, w
+    taken = {"z", "y"}
+    assert unknown.largest_fitting(9.0, 1.0, taken) == ("x", 1.0)
+    unknown.remove("w")  # z moves into w's place at the bottom
+    unknown.add("v")
+    assert unknown.largest_fitting(9.0, 1.0, taken) == ("v", 1.0)
+    assert unknown.smallest(1.0, taken | {"v"}) == ("x", 1.0)

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import broker.core.control.dispatch as dispatch_mod
@@ -92,6 +92,9 @@ SCENARIOS = {
 }
 
 
+COPY_MAY_WIN = dispatch_mod._copy_may_win
+
+
 def _trace(name: str, seed: int, incremental: bool, monkeypatch):
     inv, (wl_name, tasks, with_estimates), goal, opts = SCENARIOS[name]
     wl = build_workload(BUILTIN[wl_name], seed, tasks=tasks)
@@ -99,6 +102,7 @@ def _trace(name: str, seed: int, incremental: bool, monkeypatch):
         est = wl.runtimes_ref_s * np.random.default_rng(seed).uniform(0.8, 1.2, tasks)
         wl = SimWorkload(wl.runtimes_ref_s, est, float(est.mean()), name="estimated")
     monkeypatch.setattr(dispatch_mod, "replicate", dispatch_mod.replicate if incremental else reference_replicate)
+    monkeypatch.setattr(dispatch_mod, "_copy_may_win", COPY_MAY_WIN if incremental else lambda snap, now: True)
     sim = Simulation(inv, wl, goal, ControllerConfig(), SimOptions(seed=seed, **opts))
     sim.ledger.free_index_on = incremental
     trace = []
@@ -190,7 +194,9 @@ def tails(draw):
             task = f"t{draw(st.integers(0, 25)) if draw(st.booleans()) else 100 + tid}"
             tid += 1
             est = draw(st.one_of(st.none(), st.floats(10.0, 4000.0)))
-            running.append(RunningTask(task, 1, k, draw(st.floats(0.0, 3000.0)), est))
+            # mostly before now; sometimes after it (a clock that restarted): the tail's shortcuts must hold
+            start = draw(st.floats(0.0, 3000.0)) if draw(st.integers(0, 7)) else draw(st.floats(0.0, 7000.0))
+            running.append(RunningTask(task, 1, k, start, est))
         nodes.append(NodeView(id=f"n{i:02d}", slots=slots, speed=speed, running=tuple(running), type_name="t"))
     idle = []
     for i in sorted(range(n_nodes), key=lambda i: -nodes[i].speed):
@@ -211,6 +217,36 @@ def test_replicate_copies_what_the_full_scan_copies(tail):
     dispatch_mod.replicate(snap, now, mean, idle, fast)
     reference_replicate(snap, now, mean, idle, slow)
     assert fast.actions == slow.actions
+    # The tail's shortcut (dispatch._copy_may_win, from the ledger's O(1) counts): when it says
+    # no copy can win, the full scan copies nothing.
+    running = [n for n in nodes if n.running]
+    counted = Snapshot(now_s=now, types={}, nodes=nodes, pending=TaskPool(), tasks_total=0, tasks_done=0,
+                       observations=None, committed_usd=0.0, free_nodes=tuple({n.id: n for n, _, _ in idle}.values()),
+                       slowest_running_speed=min((n.speed for n in running), default=math.inf),
+                       latest_start_s=max((r.started_at_s for n in running for r in n.running), default=-math.inf))
+    if not dispatch_mod._copy_may_win(counted, now):
+        event("no copy can win")
+        assert slow.actions == []
+
+
+def test_replicate_leaves_out_only_the_tasks_no_idle_slot_can_beat():
+    """The tail keeps the tasks of nodes slower than the fastest idle slot: a task on a speed-2
+    node is copied to an idle speed-3 slot (ends at 100 + 1000/3 < 500), one on a speed-3 node
+    is not (and would never be), and a speed-3 node's task started after ``now`` is kept."""
+    slow = NodeView(id="a", slots=1, speed=2.0, running=(RunningTask("x", 1, 0, 0.0, None),), type_name="t")
+    same = NodeView(id="b", slots=1, speed=3.0, running=(RunningTask("y", 1, 0, 0.0, None),), type_name="t")
+    idle = NodeView(id="c", slots=2, speed=3.0, type_name="t")
+    snap = Snapshot(now_s=100.0, types={}, nodes=(slow, same, idle), pending=TaskPool(), tasks_total=0, tasks_done=0,
+                    observations=None, committed_usd=0.0)
+    s = Scratch()
+    dispatch_mod.replicate(snap, 100.0, 1000.0, [(idle, 0, math.inf), (idle, 1, math.inf)], s)
+    assert s.actions == [Replicate("x", SlotRef("c", 0), 2, WorkCause.TAIL_REPLICATION)]
+    late = NodeView(id="b", slots=1, speed=3.0, running=(RunningTask("y", 1, 0, 150.0, None),), type_name="t")
+    snap = Snapshot(now_s=100.0, types={}, nodes=(late, idle), pending=TaskPool(), tasks_total=0, tasks_done=0,
+                    observations=None, committed_usd=0.0)
+    s = Scratch()
+    dispatch_mod.replicate(snap, 100.0, 1000.0, [(idle, 0, math.inf)], s)
+    assert s.actions == [Replicate("y", SlotRef("c", 0), 2, WorkCause.TAIL_REPLICATION)]
 
 
 # -- the ledger's running sums against a recomputation ------------------------------------------
@@ -281,6 +317,8 @@ def test_ledger_running_sums_equal_a_recomputation(script):
                          for n in live)
         assert snap.committed_usd == pytest.approx(recomputed, rel=1e-9, abs=1e-9)
         assert snap.count_running() == sum(len(n.running) for n in led.nodes.values())
+        assert snap.slowest_running_speed == min((n.speed for n in led.nodes.values() if n.running), default=math.inf)
+        assert all(a.started_at_s <= snap.latest_start_s for n in led.nodes.values() for a in n.running.values())
         scratch = Snapshot(now_s=now, types={}, nodes=snap.nodes, pending=snap.pending, tasks_total=0,
                            tasks_done=0, observations=None, committed_usd=0.0)
         assert {v.id for v in snap.nodes_with_free_slots()} == {v.id for v in scratch.nodes_with_free_slots()}

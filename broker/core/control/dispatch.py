@@ -135,6 +135,9 @@ class RerunSlots:
 def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_and_fit: tuple[float, float], rng,
              s: Scratch) -> None:
     mean, fit_size = mean_and_fit
+    if ctl.config.policy == Policy.BROKER and len(snap.pending) == 0 and (
+            not ctl.config.replicate or not _copy_may_win(snap, now)):
+        return  # the tail: nothing to hand out, and no copy could end sooner anywhere
     fit_rule = ctl.config.policy == Policy.BROKER or BASELINES[ctl.config.policy].fit_rule
     least = snap.pending.smallest_size(fit_size)  # fit_rule: the broker's pool size of unknown tasks
     ready, slowest = _ready_nodes(ctl, snap, now, least, s)
@@ -162,8 +165,30 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
             s.taken.add(pick[0])
             s.actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, WorkCause.NOTHING_FITS_ANYWHERE))
             idle_slots = [x for x in idle_slots if (x[0].id, x[1]) != (node.id, slot)]
-    if ctl.config.replicate and ctl.config.policy == Policy.BROKER and len(snap.pending) - len(s.taken) <= 0 and idle_slots:
+    if (ctl.config.replicate and ctl.config.policy == Policy.BROKER and len(snap.pending) - len(s.taken) <= 0
+            and idle_slots and _copy_may_win(snap, now)):  # the idle slots are free nodes' of the snapshot
         replicate(snap, now, mean, idle_slots, s)
+
+
+def _copy_may_win(snap: Snapshot, now: float) -> bool:
+    """False when no idle slot can end a copy of a running task sooner, known in O(speeds).
+
+    A copy of a task of size x >= 0 started at s <= now on a node of speed u ends on a slot of
+    speed v at now + x / v, before the original's s + x / u only if v > u (its expected end
+    is s + x / u for overdue tasks too: their size is stretched, :class:`_Tail`). So when no
+    free node is faster than the slowest node running a task, ``replicate`` copies nothing:
+    at 1,000 identical nodes its scan of every running task and every idle slot cost 3 ms
+    a decision, for the whole tail of the bag. Unknown (a snapshot without the ledger's
+    counts, or a start after ``now``): True, and the scan decides."""
+    slowest, latest = snap.slowest_running_speed, snap.latest_start_s
+    if slowest is None or latest is None or latest > now:
+        return True
+    index = snap.free_index
+    if index is not None and snap.free_index_version == index.version:
+        fastest = index.fastest()
+    else:
+        fastest = max((n.speed for n in snap.nodes_with_free_slots()), default=None)
+    return fastest is not None and fastest > slowest
 
 
 FEW_FREE_NODES = 16  # up to this many free nodes, looking at each costs less than asking the index
@@ -218,6 +243,9 @@ def _fill(ctl: Controller, snap: Snapshot, memory: Memory, now: float, ready: li
             continue
         if fit_rule:
             limit_ref = min(limit_ref, tail_limit_ref(ctl, snap, memory, node, now, fit_size, fastest))
+        if not baseline and not spot.applies(node):  # the shared rule alone: the same picks, fewer calls
+            _fill_node(snap.pending, node, slots, limit_ref, fit_size, s, idle_slots)
+            continue
         for k, slot in enumerate(slots):
             pick = _baseline_pick(ctl, snap, memory, node, rng, s) if baseline else None
             taken = spot.excluded(node, s.taken)
@@ -238,6 +266,21 @@ def _fill(ctl: Controller, snap: Snapshot, memory: Memory, now: float, ready: li
             s.taken.add(pick[0])
             s.actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, WorkCause.DISPATCH))
     return idle_slots
+
+
+def _fill_node(pending, node: NodeView, slots: list[int], limit_ref: float, size_ref: float, s: Scratch,
+               idle_slots: list) -> None:  # noqa: ANN001
+    """``_fill``'s loop for one node of the broker's policy where no spot rule applies: each
+    slot takes the largest pending task that fits; the first that finds none leaves the
+    node's other slots idle too (they would find none either)."""
+    taken, actions, largest = s.taken, s.actions, pending.largest_fitting
+    for k, slot in enumerate(slots):
+        pick = largest(limit_ref, size_ref, taken)
+        if pick is None:
+            idle_slots.extend((node, other, limit_ref) for other in slots[k:])
+            return
+        taken.add(pick[0])
+        actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, WorkCause.DISPATCH))
 
 
 class SpotSlots:
@@ -269,6 +312,10 @@ class SpotSlots:
             isinstance(a, Launch) and not getattr(types.get(a.type_name), "is_spot", True) for a in actions))
         self.barred = snap.spot_barred if fallback else frozenset()
         self.short_first = fallback and bool(snap.pending.smallest_estimates_ref_s(1))
+
+    def applies(self, node: NodeView) -> bool:
+        """Whether a rule of spot changes what a slot of ``node`` takes."""
+        return (bool(self.barred) or self.short_first) and node.id in self.spot
 
     def excluded(self, node: NodeView, taken: set[str]) -> set[str]:
         """What ``node`` may not take: the tasks taken by this pass (and, on spot, the barred)."""
@@ -335,7 +382,7 @@ def replicate(snap: Snapshot, now: float, mean: float, idle_slots, s: Scratch) -
     whose scan found nothing can only copy a task of that slot's node (any other would have
     been copied there): it looks at those alone, so a tail of 4,000 running tasks and 1,000
     idle slots costs a few scans, not 1,000."""
-    tasks = _Tail(snap, now, mean)
+    tasks = _Tail(snap, now, mean, max((node.speed for node, _, _ in idle_slots), default=0.0))
     least = tasks.least
     beaten = None  # (limit, speed, node) of a slot whose full scan found nothing to copy
     for node, slot, limit_ref in idle_slots:
@@ -359,16 +406,29 @@ def replicate(snap: Snapshot, now: float, mean: float, idle_slots, s: Scratch) -
 
 class _Tail:
     """The running tasks with a single copy, as ``(-end, task, k, size, task, node)``: a heap
-    drawn into ``order`` as scans need it (latest end first, ties by task id), and by node."""
+    drawn into ``order`` as scans need it (latest end first, ties by task id), and by node.
 
-    def __init__(self, snap: Snapshot, now: float, mean: float):
+    Only the tasks of nodes slower than ``below`` (the fastest idle slot) are kept (and those
+    of a node with a start after ``now``): a copy ends sooner only on a faster node
+    (``_copy_may_win``), so the others can never be drawn, and
+    leaving them out changes no scan (``least`` over the kept ones still bounds every copy).
+    Their copies are still counted: a task with two copies is out of the running."""
+
+    def __init__(self, snap: Snapshot, now: float, mean: float, below: float = math.inf):
         copies: dict[str, int] = {}
         heap: list = []
         self.by_node: dict[str, list] = {}
         least = math.inf
+        counted = 0
         for n in snap.nodes:
             if not n.running:
                 continue
+            if n.speed >= below and all(r.started_at_s <= now for r in n.running):
+                for r in n.running:
+                    copies[r.task_id] = copies.get(r.task_id, 0) + 1
+                counted += len(n.running)
+                continue
+            counted += len(n.running)
             speed, mine = n.speed, []
             for r in n.running:
                 tid = r.task_id
@@ -385,7 +445,7 @@ class _Tail:
                 mine.append(x)
                 least = size if size < least else least
             self.by_node[n.id] = mine
-        if len(copies) < len(heap):  # tasks with two copies are out of the running for good
+        if len(copies) < counted:  # tasks with two copies are out of the running for good
             heap = [x for x in heap if copies[x[1]] < 2]
             least = min((x[3] for x in heap), default=math.inf)
             self.copies = copies

@@ -36,6 +36,7 @@ class FreeIndex:
         self._key: dict[str, tuple[float, float]] = {}  # node -> (speed, -release)
         self._groups: dict[float, list[tuple[float, str]]] = {}  # speed -> sorted (-release, node)
         self._open: dict[str, NodeView] = {}  # no release: always a candidate
+        self._speeds: dict[float, int] = {}  # speed -> free nodes of it (fastest())
 
     def __len__(self) -> int:
         return len(self._views)
@@ -45,6 +46,7 @@ class FreeIndex:
         self.drop(view.id)
         self.version += 1
         self._views[view.id] = view
+        self._speeds[view.speed] = self._speeds.get(view.speed, 0) + 1
         if view.release_at_s is None or view.is_private:
             self._open[view.id] = view
             return
@@ -54,9 +56,15 @@ class FreeIndex:
 
     def drop(self, node_id: str) -> None:
         """The node has no free slot any more, or is gone."""
-        if self._views.pop(node_id, None) is None:
+        view = self._views.pop(node_id, None)
+        if view is None:
             return
         self.version += 1
+        left = self._speeds[view.speed] - 1
+        if left:
+            self._speeds[view.speed] = left
+        else:
+            del self._speeds[view.speed]
         if self._open.pop(node_id, None) is not None:
             return
         speed, neg = self._key.pop(node_id)
@@ -65,6 +73,10 @@ class FreeIndex:
         del group[i]
         if not group:
             del self._groups[speed]
+
+    def fastest(self) -> float | None:
+        """The highest speed of a free node, ready or not (None: no node is free)."""
+        return max(self._speeds, default=None)
 
     def view(self, node_id: str) -> NodeView | None:
         return self._views.get(node_id)

@@ -125,6 +125,11 @@ class Snapshot:
     # not O(fleet); when absent they are derived from ``nodes``.
     free_nodes: tuple[NodeView, ...] | None = None
     running_count: int | None = None
+    # The lowest speed of a node running a task (inf: none runs) and the latest start of a
+    # running task: a tail decision with no free slot faster than the one and every start
+    # before ``now_s`` copies nothing (dispatch.replicate), and skips its O(fleet) scan.
+    slowest_running_speed: float | None = None
+    latest_start_s: float | None = None
     # Every finished runtime in reference seconds (the shell's append-only log), for the
     # Kaplan-Meier law of the promise; None: the promise works from ``observations``' moments.
     finished_ref_s: Sequence[float] | None = None

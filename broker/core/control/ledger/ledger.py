@@ -35,9 +35,8 @@ from ...model import MachineType, PrivateNode
 from ..actions import Cancel, Launch, ScheduleRelease
 from ..causes import Ending, ReleaseCause, WorkCause
 from ..failures import FailureBook, FailurePolicy, TypeCooldown, may_give_up
-from ..free_index import FreeIndex
 from ..pool import TaskPool
-from ..snapshot import NodeView, Observations
+from ..snapshot import Observations
 from .inflight import InflightMixin
 from .records import STALE, Attempt, Ended, Followup, NodeQuarantined, NodeRecord, Quarantine, Requeue
 from .snapshots import SnapshotMixin
@@ -116,15 +115,8 @@ class Ledger(SnapshotMixin, InflightMixin, SpotMixin):
         self._live_usd = 0.0  # charges so far of the live ones (a running sum: O(1) a query)
         self._billing: list[tuple[float, str]] = []
         self._booting: list[tuple[float, str]] = []
-        # Dicts used as ordered sets: the snapshot's node order must not depend on string
-        # hashing (a replay in another process must see the same order).
-        self._late: dict[str, None] = {}  # not ready past their boot delay (view depends on now)
-        self._dirty: dict[str, None] = {}
-        self._views: dict[str, NodeView] = {}
-        self._free: dict[str, NodeView] = {}
+        self._init_views()  # the snapshot's views and indexes (snapshots.py)
         self._init_spot()  # spot interruptions (spot.py)
-        self._free_index = FreeIndex()  # the same free views, by speed and release (free_index.py)
-        self.free_index_on = True  # False: the snapshot carries no index, dispatch scans every free node
 
     @classmethod
     def from_journal(cls, rows, types: Mapping[str, MachineType], tasks: Sequence[tuple[str, float | None]],
@@ -245,6 +237,7 @@ class Ledger(SnapshotMixin, InflightMixin, SpotMixin):
         node.idle_since_s = None
         self._copies.setdefault(a.task_id, {})[(a.node, a.slot)] = a
         self._running += 1
+        self._count_running(node, a, 1)
         self._touch(node)
 
     def _stop(self, a: Attempt, now: float) -> None:
@@ -253,6 +246,7 @@ class Ledger(SnapshotMixin, InflightMixin, SpotMixin):
         if not node.running:
             node.idle_since_s = now
         self._running -= 1
+        self._count_running(node, a, -1)
         copies = self._copies[a.task_id]
         del copies[(a.node, a.slot)]
         if not copies:

@@ -15,7 +15,7 @@ from ...model import MachineType
 from ..actions import Cancel, ScheduleRelease
 from ..causes import Ending
 from ..failures import Verdict
-from ..snapshot import NodeView
+from ..snapshot import NodeView, RunningTask
 
 # A node whose readiness is overdue (its boot delay passed, no agent answered yet) is shown
 # to the controller as ready this long from now, so that nothing is dispatched to it.
@@ -54,6 +54,7 @@ class NodeRecord:
     down: bool = False  # its agent is away and expected back; its attempts were lost
     reattaches: int = 0
     running: dict[int, Attempt] = field(default_factory=dict)  # slot -> attempt
+    running_views: dict[int, RunningTask] = field(default_factory=dict)  # slot -> its attempt as the view shows it
     idle_since_s: float | None = None  # ready with nothing running since then (None: busy or not ready)
     paid_until_s: float = -math.inf  # billing, refreshed when the clock passes it
     charged_usd: float = 0.0

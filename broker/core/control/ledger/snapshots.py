@@ -7,11 +7,13 @@ can take a task) (part of :class:`~.ledger.Ledger`; its state is the ledger's)."
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Mapping
 
 from ...model import MachineType
 from ..snapshot import NodeView, RunningTask, Snapshot
-from .records import LATE_READY_S, NodeRecord
+from ..free_index import FreeIndex
+from .records import LATE_READY_S, Attempt, NodeRecord
 
 
 class SnapshotMixin:
@@ -42,6 +44,35 @@ class SnapshotMixin:
 
 
     # -- the snapshot ------------------------------------------------------------------------
+    def _init_views(self) -> None:
+        # Dicts used as ordered sets: the snapshot's node order must not depend on string
+        # hashing (a replay in another process must see the same order).
+        self._late: dict[str, None] = {}  # not ready past their boot delay (view depends on now)
+        self._dirty: dict[str, None] = {}
+        self._views: dict[str, NodeView] = {}
+        self._free: dict[str, NodeView] = {}
+        self._free_index = FreeIndex()  # the same free views, by speed and release (free_index.py)
+        self.free_index_on = True  # False: the snapshot carries no index, dispatch scans every free node
+        self._running_speeds: dict[float, int] = {}  # speed -> attempts running on nodes of it
+        self.latest_start_s = -math.inf  # the latest start of an attempt (running or not)
+
+    def _count_running(self, node: NodeRecord, a: Attempt, step: int) -> None:
+        """An attempt started (``step`` 1) or ended (-1) on ``node``: the snapshot's
+        ``slowest_running_speed`` and ``latest_start_s`` follow in O(1), and the attempt's
+        :class:`RunningTask` is made once, not at every rebuild of its node's view."""
+        if step > 0:
+            node.running_views[a.slot] = RunningTask(a.task_id, a.attempt, a.slot, a.started_at_s,
+                                                     self.estimates.get(a.task_id))
+        else:
+            del node.running_views[a.slot]
+        left = self._running_speeds.get(node.speed, 0) + step
+        if left:
+            self._running_speeds[node.speed] = left
+        else:
+            del self._running_speeds[node.speed]
+        if step > 0 and a.started_at_s > self.latest_start_s:
+            self.latest_start_s = a.started_at_s
+
     def _touch(self, node: NodeRecord) -> None:
         node.view = None
         self._dirty[node.id] = None
@@ -49,9 +80,8 @@ class SnapshotMixin:
     def _view(self, node: NodeRecord, now: float) -> NodeView:
         if node.view is not None:
             return node.view
-        est = self.estimates
-        running = tuple(RunningTask(a.task_id, a.attempt, slot, a.started_at_s, est.get(a.task_id))
-                        for slot, a in sorted(node.running.items()))
+        views = node.running_views
+        running = tuple(views[slot] for slot in sorted(views)) if len(views) > 1 else tuple(views.values())
         if node.ready_at_s is not None:
             ready = None if node.type is None else node.ready_at_s
         elif node.expected_ready_s is not None and node.expected_ready_s > now:
@@ -102,6 +132,7 @@ class SnapshotMixin:
         return Snapshot(
             now_s=now, types=types, nodes=tuple(self._views.values()), pending=self.pool,
             free_nodes=tuple(self._free.values()), running_count=self._running,
+            slowest_running_speed=min(self._running_speeds, default=math.inf), latest_start_s=self.latest_start_s,
             tasks_total=self.tasks_total, tasks_done=len(self.done), observations=self.obs,
             committed_usd=self.committed_usd(now), started_at_s=0.0,
             prior_mean_ref_s=self.prior_mean_ref_s, prior_sd_ref_s=self.prior_sd_ref_s,
