@@ -129,6 +129,17 @@ def test_submit_is_one_batched_write_and_results_flow_back():
     client.close()
 
 
+def test_a_client_told_not_to_deliver_started_puts_only_results_on_the_inbox():
+    """Issue 20: the daemon's loop has no use for Started; each one woke it and cost a turn's
+    drain. A client made with started=False delivers the Result, not the Started."""
+    client, agent = start(started=False)
+    client.submit([Run("t0", 1, "true")])
+    agent.read(1)
+    agent.send(Started("t0", 1, 10), Result("t0", 1, 0, 0.1), Started("t1", 1, 11))
+    assert events_until(client, 1) == [Result("t0", 1, 0, 0.1)]
+    client.close()
+
+
 def test_a_replayed_result_is_delivered_once_and_re_acked():
     client, agent = start()
     client.submit([Run("t", 1, "true")])

@@ -124,9 +124,11 @@ def test_write_event_masks_and_encodes_once_for_the_file_the_console_and_the_jou
     from broker.shells.logging import register_secret, write_event
 
     calls = []
-    real_mask = blog.mask_secrets
-    monkeypatch.setattr(blog, "mask_secrets",  # count the passes over a whole event (not the recursion)
-                        lambda value: (isinstance(value, dict) and "task" in value and calls.append(1)) or real_mask(value))
+    for masker in ("mask_secrets", "_mask_flat"):  # the structlog chain's and write_event's pass
+        real = getattr(blog, masker)
+        monkeypatch.setattr(blog, masker,  # count the passes over a whole event (not the recursion)
+                            lambda value, real=real: (isinstance(value, dict) and "task" in value and calls.append(1))
+                            or real(value))
     register_secret("tok-0123456789-write-once")
     console, record = io.StringIO(), io.StringIO()
     configure_logging(level="info", stream=console, json=True, extra_files=[record], bind={"run_id": "r-1"})
@@ -164,3 +166,35 @@ def test_write_event_goes_through_structlog_when_another_set_up_is_in_force():
         configure_logging(level="info")
     assert [(e["event"], e["task"], e["password"], e["run_id"]) for e in logs] == [("task.done", "t9", "***", "r")]
     assert json.loads(stored) == {"password": "***", "task": "t9"}
+
+
+def test_held_events_write_a_turns_lines_after_it_in_order_and_a_structlog_line_keeps_its_place():
+    """Issue 20: the daemon's loop holds a turn's per-task lines until its acks and new work
+    are sent. Nothing may be lost or reordered: the held lines are written, in order, when the
+    block ends, and a line logged through structlog meanwhile first writes what is held."""
+    import structlog
+
+    from broker.shells.logging import held_events, write_event
+
+    console, record = io.StringIO(), io.StringIO()
+    configure_logging(level="info", stream=console, json=True, extra_files=[record], bind={"run_id": "r-2"})
+    try:
+        with held_events():
+            write_event("task.start", {"task": "t1", "attempt": 1, "node": "n", "slot": 0, "cause": "dispatch"})
+            assert record.getvalue() == "" and console.getvalue() == ""  # held
+            structlog.get_logger().warning("dispatch.refused", task="t2", node="n", slot=1, reason="busy")
+            assert [json.loads(x)["event"] for x in record.getvalue().splitlines()] == ["task.start", "dispatch.refused"]
+            with held_events():  # nested: the outer block writes
+                write_event("task.done", {"task": "t1", "attempt": 1, "node": "n", "runtime_s": 0.1, "exit_code": 0,
+                                          "runtime_ref_s": 0.1})
+            write_event("task.start", {"task": "t3", "attempt": 1, "node": "n", "slot": 0, "cause": "dispatch"},
+                        level="debug")
+            assert len(record.getvalue().splitlines()) == 2
+    finally:
+        configure_logging(level="info")
+    lines = [json.loads(x) for x in record.getvalue().splitlines()]
+    assert [(x["event"], x.get("task")) for x in lines] == [
+        ("task.start", "t1"), ("dispatch.refused", "t2"), ("task.done", "t1"), ("task.start", "t3")]
+    assert all(x["run_id"] == "r-2" and x["timestamp"].endswith("Z") for x in lines)
+    assert [json.loads(x) for x in console.getvalue().splitlines()] == lines[:3]  # debug: the file only
+    assert lines == sorted(lines, key=lambda x: x["timestamp"])  # each keeps the time it was logged at

@@ -157,6 +157,29 @@ def test_start_and_result_are_recorded_once(tmp_path):
     assert journal.status(0.0)["tasks"] == {"total": 3, "done": 1, "running": 0, "failed": 0, "left": 2}
 
 
+def test_a_turns_starts_in_one_statement_keep_task_starteds_rules(tmp_path):
+    """Issue 20: the daemon journals a turn's starts with tasks_started (one INSERT and one
+    UPDATE for all). Same rows as task_started one by one: running or sampling, the attempt
+    counted; a replayed start among them changes nothing (taken one by one after a rollback);
+    an unknown task is refused as task_started refuses it."""
+    journal = new_journal(tmp_path, n_tasks=5)
+    journal.record_sample_draws(["t1"])
+    journal.tasks_started([("t0", 1, "n1"), ("t1", 1, "n2"), ("t2", 1, "n1")], at_s=4.0)
+    assert [task_state(journal, t) for t in ("t0", "t1", "t2", "t3")] == ["running", "sampling", "running", "pending"]
+    rows = journal._db.execute("SELECT task_id, attempt, node, outcome FROM attempts ORDER BY task_id").fetchall()
+    assert rows == [("t0", 1, "n1", "running"), ("t1", 1, "n2", "running"), ("t2", 1, "n1", "running")]
+    assert journal.task_finished("t0", 1, BAD)
+    assert task_state(journal, "t0") == "pending"
+    journal.tasks_started([("t0", 1, "n1"), ("t3", 1, "n2")])  # t0's attempt 1 again: a replay
+    assert task_state(journal, "t0") == "pending" and task_state(journal, "t3") == "running"
+    assert journal._db.execute("SELECT attempts FROM tasks WHERE id = 't3'").fetchone() == (1,)
+    with pytest.raises(JournalError, match="unknown task"):
+        journal.tasks_started([("t4", 1, "n1"), ("nope", 1, "n1")])
+    with journal.batch():  # inside a batch (the daemon's turn): a savepoint
+        journal.tasks_started([("t0", 2, "n1"), ("t4", 1, "n2")])
+    assert task_state(journal, "t0") == "running" and task_state(journal, "t4") == "running"
+
+
 def test_a_replica_result_is_recorded_but_the_task_counts_once(tmp_path):
     journal = new_journal(tmp_path)
     journal.task_started("t0", 1, "n1")

@@ -374,6 +374,23 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")
 
 
+# Made once: json.dumps and json.loads with options build an encoder or decoder per call, a
+# cost paid for every Run, Ack, Started and Result of every task.
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_DECODE = json.JSONDecoder(parse_constant=_reject_constant).decode
+
+
+def _loads(line: Any) -> Any:
+    """``json.loads(line, parse_constant=_reject_constant)`` with the one decoder."""
+    if isinstance(line, (bytes, bytearray)):
+        text = line.decode(json.detect_encoding(line), "surrogatepass")
+    else:
+        text = line
+        if text.startswith("\ufeff"):
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    return _DECODE(text)
+
+
 def encode(message: Message) -> bytes:
     """One message as its wire line (with the trailing newline). No state is involved."""
     spec = _SPECS.get(type(message))
@@ -383,7 +400,7 @@ def encode(message: Message) -> bytes:
     for f in spec:
         obj[f.name] = getattr(message, f.name)
     try:
-        text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _ENCODE(obj)
     except (TypeError, ValueError) as exc:
         raise LocalProtocolError(f"cannot encode {message.TYPE}: {exc}") from exc
     return text.encode("utf-8") + b"\n"
@@ -406,7 +423,7 @@ def decode(line: bytes) -> Message:
 
 def _decode(line: bytes) -> Message:
     try:
-        obj = json.loads(line, parse_constant=_reject_constant)
+        obj = _loads(line)
     except ValueError as exc:
         raise RemoteProtocolError(f"not a JSON line ({exc}): {_preview(line)}") from None
     if not isinstance(obj, dict):

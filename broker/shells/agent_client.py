@@ -10,7 +10,8 @@ and :meth:`AgentClient.poll` drains it; the live daemon instead hands one shared
 
 Events delivered:
 
-- the agent's :class:`~workers.protocol.Started`, :class:`~workers.protocol.Progress`,
+- the agent's :class:`~workers.protocol.Started` (unless made with ``started=False``: the
+  daemon's loop has no use for it), :class:`~workers.protocol.Progress`,
   :class:`~workers.protocol.Interruption` (a spot notice) and :class:`~workers.protocol.Result`; a Result is delivered once per ``(task, attempt)``
   however often it is replayed (a replay of one already acknowledged is re-acknowledged
   here, so a lost Ack cannot make the agent replay it forever);
@@ -189,10 +190,12 @@ class AgentClient:
         ping_interval_s: float = 5.0,
         dead_after_s: float = 20.0,
         expect: Iterable[Run] = (),
+        started: bool = True,
     ) -> None:
         if dead_after_s <= ping_interval_s:
             raise ValueError("dead_after_s must exceed ping_interval_s, or every pause looks like a death")
         self.node = node_name
+        self.deliver_started = started  # False: a master that has no use for Started (the daemon's loop)
         self.inbox: queue.Queue[tuple[str, Any]] = inbox if inbox is not None else queue.Queue()
         self._own_inbox = inbox is None
         self.handshake_timeout_s = handshake_timeout_s
@@ -504,7 +507,7 @@ class AgentClient:
                     if link.replay_left == 0:
                         deliver += self._declare_lost(link)
             elif isinstance(message, Started):
-                if key_of(message) not in self._started_seen:
+                if self.deliver_started and key_of(message) not in self._started_seen:
                     self._started_seen.add(key_of(message))
                     deliver.append(message)
             elif isinstance(message, (Progress, Interruption)):  # Interruption: the spot notice

@@ -7,7 +7,7 @@ occurrence of the named point, so a test can kill a real daemon at an exact plac
 
 - a journal write, named by its method: ``intend:launch``, ``intend:terminate``,
   ``complete``, ``fail``, ``record_launch``, ``record_instance_state``, ``set_release``,
-  ``task_started``, ``task_finished``, ``task_failed``, ``attempt_lost``, ``attempt_cancelled``,
+  ``task_started`` (each start of a turn's ``tasks_started`` too), ``task_finished``, ``task_failed``, ``attempt_lost``, ``attempt_cancelled``,
   ``requeue_running``, ``record_sample_draws``, ``record_plan``, ``add_tasks``,
   ``create_run``, ``finish_run``, and ``batch`` (the end of a batch of results or starts);
   inside a batch, or a batch inside the turn's group, the kill lands before the commit, so
@@ -34,6 +34,7 @@ ENV = "BROKER_CRASH_AT"
 
 _WRITES = frozenset({
     "intend", "complete", "fail", "record_launch", "record_instance_state", "set_release", "task_started",
+    "tasks_started",
     "task_finished", "task_failed", "attempt_lost", "attempt_cancelled", "requeue_running", "record_sample_draws",
     "record_plan", "add_tasks", "create_run", "finish_run", "record_event", "record_private_node",
     "quarantine", "cancel_pending", "set_estimates",
@@ -84,6 +85,9 @@ class CrashingJournal:
                 plan.hit(f"intend:{args[0] if args else kwargs.get('kind')}")
             elif name == "record_event":
                 plan.hit(f"event:{args[0] if args else kwargs.get('name')}")
+            elif name == "tasks_started":  # a turn's starts at once: each is a task_started point
+                for _start in args[0] if args else kwargs.get("starts", ()):
+                    plan.hit("task_started")
             else:
                 plan.hit(name)
             return result

@@ -25,7 +25,10 @@ import json as json_module
 import logging
 import os
 import sys
-from typing import Any, Callable, TextIO
+import threading
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterator, TextIO
 
 import structlog
 
@@ -79,6 +82,31 @@ def mask_secrets(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(mask_secrets(v) for v in value)
     return value
+
+
+def _mask_flat(fields: dict[str, Any]) -> dict[str, Any]:
+    """:func:`mask_secrets` of an event's fields, in one pass for the common flat case: a
+    scalar that is not a string holds no secret, a string shorter than any secret holds none;
+    a nested value goes through :func:`mask_secrets`."""
+    out: dict[str, Any] = {}
+    secrets = _longest_first
+    for key, value in fields.items():
+        hit = _secret_keys.get(key)
+        if hit is None:
+            hit = _secret_key(key)
+        if hit:
+            out[key] = MASK
+        elif type(value) is str:
+            if secrets and len(value) >= _MIN_SECRET_LEN:
+                for secret in secrets:
+                    if secret in value:
+                        value = value.replace(secret, MASK)
+            out[key] = value
+        elif value is None or type(value) in (int, float, bool):
+            out[key] = value
+        else:
+            out[key] = mask_secrets(value)
+    return out
 
 
 def redact(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
@@ -184,6 +212,8 @@ def _fan_out(sinks: list[tuple[Any, Any]], console: Callable[[], TextIO], render
     (whole lines; a full disk drops that file and says so on the console)."""
 
     def fan_out(logger: Any, name: str, event: dict[str, Any]) -> str:
+        if getattr(_local, "held", None):  # this thread's held lines go first: lines keep their order
+            _release_held()
         lines: dict[int, str] = {}  # one rendering per renderer (the JSON one serves every file)
         for sink, render in list(sinks):
             line = lines.get(id(render))
@@ -236,7 +266,6 @@ class _Route:
 
 
 _route: _Route | None = None
-_STAMP = structlog.processors.TimeStamper(fmt="iso", utc=True)
 _strict = json_module.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str, allow_nan=False).encode
 _loose = json_module.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str).encode  # the journal's
 
@@ -253,12 +282,13 @@ def write_event(name: str, fields: dict[str, Any], *, level: str = "info",
     """Log one event with one masking pass and one JSON encoding: the same line goes to
     ``events.jsonl`` and (off a terminal) the console; returns the masked fields as the
     journal stores them (:meth:`Journal.record_event` takes the string as is), so a per-task
-    event is formatted and masked once however many places receive it.
+    event is formatted and masked once however many places receive it. Inside
+    :func:`held_events` the line is written when the block ends.
 
     When the set-up of :func:`configure_logging` is not the one in force (a test capturing
     log events, a tool that configured its own), the event goes through structlog as usual.
     """
-    masked = mask_secrets(fields)
+    masked = _mask_flat(fields)
     try:
         encoded = _strict(masked)
     except ValueError:  # a non-finite number: null in the log (strict JSON), as is in the journal
@@ -271,19 +301,106 @@ def write_event(name: str, fields: dict[str, Any], *, level: str = "info",
         return encoded if encoded is not None else _loose(masked)
     if _LEVELS[level] < route.floor:
         return encoded
-    head.update(event=name, level=level, timestamp=_STAMP(None, "", {})["timestamp"])
-    prefix = _strict(head)
-    line = prefix if encoded == "{}" else f"{prefix[:-1]},{encoded[1:]}"
-    event = {**head, **masked}
+    stamp = datetime.now(tz=timezone.utc).isoformat().replace("+00:00", "Z")  # as structlog's TimeStamper
+    opening = _line_opening(head, name, level, stamp)
+    line = f"{opening}}}" if encoded == "{}" else f"{opening},{encoded[1:]}"
+    event = {**head, "event": name, "level": level, "timestamp": stamp, **masked}
+    held = getattr(_local, "held", None)
+    if held is not None:
+        held.append((route, line, event))
+    else:
+        _deliver(route, [(route, line, event)])
+    return encoded
+
+
+_TS_MARK = "@broker-timestamp@"
+_openings: dict[Any, tuple[str, str]] = {}  # (event, level, head) -> the line's head around its timestamp
+
+
+def _line_opening(head: dict[str, Any], name: str, level: str, stamp: str) -> str:
+    """The JSON of ``head`` with ``event``, ``level`` and ``timestamp``, keys sorted, without
+    its closing brace; encoded once per (event, level, head) and the timestamp put in."""
+    try:
+        key: Any = (name, level, tuple(head.items()))
+        cut = _openings.get(key)
+    except TypeError:  # an unhashable context value: no cache
+        key, cut = None, None
+    if cut is None:
+        parts = _strict({**head, "event": name, "level": level, "timestamp": _TS_MARK})[:-1].split(f'"{_TS_MARK}"')
+        if len(parts) != 2:  # the mark inside a context value: no cache
+            return _strict({**head, "event": name, "level": level, "timestamp": stamp})[:-1]
+        cut = (parts[0], parts[1])
+        if key is not None:
+            if len(_openings) > 1024:
+                _openings.clear()
+            _openings[key] = cut
+    return f'{cut[0]}"{stamp}"{cut[1]}'
+
+
+_local = threading.local()  # .held: the lines held by held_events on this thread
+
+
+@contextmanager
+def held_events() -> Iterator[None]:
+    """Hold the lines :func:`write_event` writes on this thread until the block ends, then
+    write them in their order, one write per file and one to the console: the daemon's loop
+    holds a turn's per-task lines, so that the turn's acknowledgements and new work leave
+    before them (each line keeps the time it was logged at). A line logged through structlog
+    on this thread meanwhile (a warning) first writes out what is held, so lines keep their
+    order. Nested blocks write when the outermost ends."""
+    if getattr(_local, "held", None) is not None:
+        yield
+        return
+    _local.held = []
+    try:
+        yield
+    finally:
+        try:
+            _release_held()
+        finally:
+            _local.held = None
+
+
+def _release_held() -> None:
+    held = getattr(_local, "held", None)
+    if not held:
+        return
+    _local.held = []
+    route = held[0][0]
+    if all(item[0] is route for item in held):
+        _deliver(route, held)
+    else:  # logging was configured anew within the block
+        for item in held:
+            _deliver(item[0], [item])
+
+
+def _deliver(route: _Route, items: list[tuple[_Route, str, dict[str, Any]]]) -> None:
+    """Lines to every file sink (one write each; a full disk: line by line, to say which line
+    it stopped at) and the shown ones to the console (one write)."""
     for entry in list(route.sinks):
         sink, render = entry
         if sink is not None:
-            _to_file(route.sinks, entry, line, event, route.console, route.renderer)
-        elif route.shown(event):
+            if len(items) == 1:
+                _to_file(route.sinks, entry, items[0][1], items[0][2], route.console, route.renderer)
+                continue
+            try:
+                _append_line(sink, "\n".join(item[1] for item in items))
+            except OSError as exc:  # cut back to whole lines by _append_line
+                if not is_disk_full(exc):
+                    raise
+                for _route_, line, event in items:
+                    if entry not in route.sinks:
+                        break
+                    _to_file(route.sinks, entry, line, event, route.console, route.renderer)
+            continue
+        shown = [(line, event) for _route_, line, event in items if route.shown(event)]
+        if shown:
             out = route.console()
-            out.write((line if route.console_json else render(None, name, event)) + "\n")
+            if route.console_json:
+                out.write("".join(line + "\n" for line, _event in shown))
+            else:
+                out.write("".join(render(None, str(event["event"]), event) + "\n" for _line, event in shown))
             out.flush()
-    return encoded
 
 
 def json_safe(value: Any) -> Any:

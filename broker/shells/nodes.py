@@ -79,7 +79,7 @@ class LocalAgents:
                                        **self._spot_options(node, spot))
         try:
             return AgentClient(transport, node, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s,
-                               expect=expect)
+                               expect=expect, started=False)
         except Exception:
             transport.close()
             stop_local_agent(state_dir)
@@ -144,7 +144,7 @@ class SshAgents:
         transport = self._open(node, timeout_s)
         try:
             return AgentClient(transport, node.name, inbox=self.inbox,
-                               handshake_timeout_s=self.handshake_timeout_s, expect=expect)
+                               handshake_timeout_s=self.handshake_timeout_s, expect=expect, started=False)
         except Exception:
             transport.close()
             self._drop_session(node.name)
@@ -168,7 +168,7 @@ class SshAgents:
             transport = self._open(node, node.grace_s if timeout_s is None else timeout_s, on_retry)
             try:
                 client = AgentClient(transport, node.name, inbox=self.inbox,
-                                     handshake_timeout_s=self.handshake_timeout_s, expect=expect)
+                                     handshake_timeout_s=self.handshake_timeout_s, expect=expect, started=False)
             except Exception:
                 transport.close()
                 self._drop_session(node.name)
@@ -317,7 +317,8 @@ def start_remote_agent(
     The daemon's state lives in ``<remote_root>/runs/<run_id>/<node>`` on the node; ``spot``:
     its agent watches EC2's metadata for the notice."""
     transport = open_remote_agent_stream(session, run_id, node, slots, remote_root, spot=spot)
-    return AgentClient(transport, node, inbox=inbox, handshake_timeout_s=handshake_timeout_s, expect=expect)
+    return AgentClient(transport, node, inbox=inbox, handshake_timeout_s=handshake_timeout_s, expect=expect,
+                       started=False)
 
 
 def open_remote_agent_stream(session: Any, run_id: str, node: str, slots: int,

@@ -32,6 +32,16 @@ from .schema import (
     file_sha256,
 )
 
+# A start's effect on its task (task_started, tasks_started): running, or sampling if drawn.
+_STARTED = ("UPDATE tasks SET attempts = max(attempts, ?),"
+            " state = CASE WHEN state IN ('pending', 'running', 'sampling')"
+            "   THEN (CASE WHEN sample_order IS NULL THEN 'running' ELSE 'sampling' END) ELSE state END"
+            " WHERE id = ?")
+
+
+class _NotFresh(Exception):
+    """tasks_started met a start already recorded, or an unknown task: taken one by one."""
+
 
 class Journal(JournalReader):
     """A run's journal, read and written. Create with :meth:`open`; every method is one short
@@ -213,15 +223,33 @@ class Journal(JournalReader):
                 raise JournalError(f"attempt {attempt!r} of task {task_id!r} refused: {exc}") from exc
             if cur.rowcount != 1:
                 return False
-            db.execute(
-                "UPDATE tasks SET attempts = max(attempts, ?),"
-                " state = CASE WHEN state IN ('pending', 'running', 'sampling')"
-                "   THEN (CASE WHEN sample_order IS NULL THEN 'running' ELSE 'sampling' END)"
-                "   ELSE state END"
-                " WHERE id = ?",
-                (int(attempt), task_id),
-            )
+            db.execute(_STARTED, (int(attempt), task_id))
             return True
+
+    def tasks_started(self, starts: list[tuple[str, int, str]], *, at_s: float | None = None) -> None:
+        """:meth:`task_started` for each ``(task, attempt, node)``, at one time, in one statement
+        of each kind (a turn's starts); all or nothing. A start already recorded (a replay) or
+        an unknown task: each is taken alone, by :meth:`task_started`."""
+        if len(starts) < 2:
+            for task_id, attempt, node in starts:
+                self.task_started(task_id, attempt, node, at_s=at_s)
+            return
+        now = self._now(at_s)
+        try:
+            with self._write() as db:
+                try:
+                    cur = db.executemany(
+                        "INSERT INTO attempts (task_id, attempt, node, started_at) VALUES (?, ?, ?, ?)"
+                        " ON CONFLICT (task_id, attempt) DO NOTHING",
+                        [(task_id, int(attempt), node, now) for task_id, attempt, node in starts])
+                except sqlite3.IntegrityError as exc:
+                    raise _NotFresh from exc
+                if cur.rowcount != len(starts):
+                    raise _NotFresh
+                db.executemany(_STARTED, [(int(attempt), task_id) for task_id, attempt, _node in starts])
+        except _NotFresh:  # rolled back: one by one, with task_started's rules
+            for task_id, attempt, node in starts:
+                self.task_started(task_id, attempt, node, at_s=at_s)
 
     def task_finished(
         self, task_id: str, attempt: int, result: AttemptResult, *, node: str | None = None,

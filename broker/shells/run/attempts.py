@@ -54,6 +54,7 @@ class AttemptsMixin:
     def _start_attempts(self, starts: list[Assign | Replicate]) -> None:
         now = self.clock.now_s()
         runs: dict[str, list[Run]] = defaultdict(list)
+        started: list[tuple[str, int, str]] = []  # journaled in one statement of each kind
         with self.journal.batch():
             for a in starts:
                 node = a.slot.node
@@ -67,10 +68,11 @@ class AttemptsMixin:
                     continue
                 if (a.task_id, attempt.attempt) in self.ledger.sample_keys:
                     self.journal.record_sample_draws([a.task_id])
-                self.journal.task_started(a.task_id, attempt.attempt, node, at_s=now)
+                started.append((a.task_id, attempt.attempt, node))
                 runs[node].append(self._run_of(a.task_id, attempt.attempt))
                 write_event("task.start", {"task": a.task_id, "attempt": attempt.attempt, "node": node,
                                            "slot": a.slot.index, "cause": a.cause}, context={"run_id": self.opt.run_id})
+            self.journal.tasks_started(started, at_s=now)
         for node, batch in runs.items():  # only once the starts are durable (the turn committed)
             client = self.clients[node]
             self.journal.after_commit(lambda n=node, c=client, b=batch: self.clients.get(n) is c and c.submit(b))

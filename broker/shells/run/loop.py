@@ -46,10 +46,11 @@ from broker.core.control.ledger import Ledger, launch_cost_usd
 from broker.core.control.snapshot import Memory
 from broker.core.goal import Goal
 from broker.core.model import Bag, Inventory
+from broker.shells.agent_hub import AgentHub
 from broker.shells.clock import RunClock
 from broker.shells.diskfull import DiskFull
 from broker.shells.journal import Journal
-from broker.shells.logging import register_secrets_in, write_event
+from broker.shells.logging import held_events, register_secrets_in, write_event
 
 from .actuator import Ec2Actuator, Ec2Answer, Timers
 from .attempts import AttemptsMixin, _round
@@ -235,7 +236,10 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin, SpotMixin):
     # -- one turn ----------------------------------------------------------------------------
     def _turn(self) -> None:
         messages = self._drain()
-        with self.journal.group():  # one commit per turn; intents are fsynced before their call
+        # The turn's log lines are written once it committed and sent its acks and new work
+        # (held_events: in order, with the times they were logged at, one write per file);
+        # the agent hub serves what arrives meanwhile after the turn (AgentHub.held).
+        with AgentHub.holding(), held_events(), self.journal.group():  # one commit per turn
             self._turn_on(messages)
 
     def _turn_on(self, messages: list[tuple[str | None, Any]]) -> None:
