@@ -32,15 +32,13 @@ import select
 import threading
 import time
 from collections import deque
-from contextlib import contextmanager
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 
 import structlog
 
 log = structlog.get_logger()
 
 READ_BYTES = 1 << 18
-HOLD_MAX_S = 0.05  # the longest the hub waits for a caller's turn (AgentHub.held) before it serves
 
 
 class Watcher(Protocol):
@@ -100,9 +98,6 @@ class AgentHub:
         self._timers: list[tuple[float, int, _Watch]] = []
         self._seq = itertools.count()
         self._posted: deque[_Watch] = deque()
-        self._open = threading.Event()  # cleared while a caller's turn holds the hub (held)
-        self._open.set()
-        self._holds = 0
         self._thread = threading.Thread(target=self._run, name="agent-hub", daemon=True)
         self._thread.start()
 
@@ -137,36 +132,6 @@ class AgentHub:
         if not self.on_hub_thread():
             self._wake()
 
-    @classmethod
-    @contextmanager
-    def holding(cls) -> Iterator[None]:
-        """:meth:`held` on the process's hub, if one runs."""
-        hub = cls._shared
-        if hub is None or not hub._thread.is_alive():
-            yield
-            return
-        with hub.held():
-            yield
-
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        """While the block runs (the daemon's turn), the hub serves nothing new, for at most
-        :data:`HOLD_MAX_S` at a time: bytes that arrive wait in their pipes and are served
-        together when the block ends. Without it, every result an agent sent during a turn
-        had the hub take the GIL from the turn (at each SQLite statement and write, which
-        release it), and on a loaded machine each such hand-off costs a scheduling delay;
-        the loop reads the inbox only between turns anyway."""
-        with self._lock:
-            self._holds += 1
-            self._open.clear()
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._holds -= 1
-                if self._holds == 0:
-                    self._open.set()
-
     @property
     def thread(self) -> threading.Thread:
         return self._thread
@@ -199,8 +164,6 @@ class AgentHub:
             due = self._timers[0][0] if self._timers else None
         timeout = -1.0 if due is None else max(0.0, due - time.monotonic())
         events = self._epoll.poll(timeout)
-        if not self._open.is_set():  # a turn holds the hub: wait for its end (bounded)
-            self._open.wait(HOLD_MAX_S)
         for fd, _mask in events:
             if fd == self._wake_r:
                 try:

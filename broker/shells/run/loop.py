@@ -46,7 +46,6 @@ from broker.core.control.ledger import Ledger, launch_cost_usd
 from broker.core.control.snapshot import Memory
 from broker.core.goal import Goal
 from broker.core.model import Bag, Inventory
-from broker.shells.agent_hub import AgentHub
 from broker.shells.clock import RunClock
 from broker.shells.diskfull import DiskFull
 from broker.shells.journal import Journal
@@ -237,9 +236,8 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin, SpotMixin):
     def _turn(self) -> None:
         messages = self._drain()
         # The turn's log lines are written once it committed and sent its acks and new work
-        # (held_events: in order, with the times they were logged at, one write per file);
-        # the agent hub serves what arrives meanwhile after the turn (AgentHub.held).
-        with AgentHub.holding(), held_events(), self.journal.group():  # one commit per turn
+        # (held_events: in order, with the times they were logged at, one write per file).
+        with held_events(), self.journal.group():  # one commit per turn; intents fsynced before their call
             self._turn_on(messages)
 
     def _turn_on(self, messages: list[tuple[str | None, Any]]) -> None:
