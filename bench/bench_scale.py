@@ -333,10 +333,17 @@ def main() -> int:
                   f"{statistics.median(r.starts):>11.0f} {statistics.median(r.turn_ms):>15.2f} "
                   f"({statistics.median(r.messages):>4.0f}) {r.threads:>7}{'  (a reader thread per agent)' if threads else ''}")
     big = max(rows, key=lambda r: r.agents)
+    # The verdict counts only the decisions that hand out work: decisions that start nothing
+    # are cheap and, when they are most of them, make the median say nothing about dispatch.
+    working = [d for d, n in zip(big.decide_ms, big.starts) if n > 0] or big.decide_ms
+    working_starts = [n for n in big.starts if n > 0] or big.starts
     goals = [
         (f"{big.agents} agents attach in 10 s or less", big.attach_s <= 10.0, f"{big.attach_s:.2f} s"),
-        (f"decision turn 2 ms or less at {big.agents} agents (median decide, CPU)", statistics.median(big.decide_ms) <= 2.0,
-         f"{statistics.median(big.decide_ms):.2f} ms CPU, p95 {_p95(big.decide_ms):.2f} ms, "
+        (f"decision turn 2 ms or less at {big.agents} agents (median of the decisions that start work, CPU)",
+         statistics.median(working) <= 2.0,
+         f"{statistics.median(working):.2f} ms CPU, p95 {_p95(working):.2f} ms, {len(working)} of "
+         f"{len(big.decide_ms)} decisions started work, a median {statistics.median(working_starts):.0f} tasks each; "
+         f"all decisions: median {statistics.median(big.decide_ms):.2f} ms, "
          f"{statistics.median(big.starts):.0f} starts a decision (wall: median {statistics.median(big.decide_wall_ms):.2f} ms, "
          f"p95 {_p95(big.decide_wall_ms):.2f} ms); whole turn {statistics.median(big.turn_ms):.2f} ms CPU for "
          f"{statistics.median(big.messages):.0f} messages"),
