@@ -154,10 +154,7 @@ def restore_instance(ledger: Ledger, row: InstanceRow, now: float) -> ScheduleRe
     ledger.on_launched(row.id, row.type_name, row.launched_at_s, now)
     node = ledger.nodes.get(row.id)
     if row.interrupted and node is not None and node.type is not None:
-        node.interrupted = True
-        ledger.spot_counts.interruptions += 1
-        if node.type.is_spot:
-            ledger.spot_seen.setdefault(node.type.name, [0, 0.0])[0] += 1
+        ledger.count_instance_interrupted(node)
     if row.state == "terminated":
         ledger.on_released(row.id, row.terminated_at_s if row.terminated_at_s is not None else now)
     return None

@@ -90,10 +90,7 @@ class SpotMixin:
         node = self.nodes.get(instance_id)
         if node is None or node.type is None or node.terminated_at_s is not None:
             return []
-        self.spot_counts.interruptions += 1
-        node.interrupted = True
-        if node.type.is_spot:
-            self.spot_seen.setdefault(node.type.name, [0, 0.0])[0] += 1
+        self.count_instance_interrupted(node)
         if node.alive:
             self._set_lost(node)
         out: list[Followup] = []
@@ -103,6 +100,14 @@ class SpotMixin:
             self._stop(a, now)
             out += self._interrupted(a, node, now, WorkCause.SPOT_INTERRUPTED)
         return out + self.on_released(instance_id, now, ReleaseCause.SPOT_INTERRUPTED)
+
+    def count_instance_interrupted(self, node: NodeRecord) -> None:
+        """EC2 took ``node`` back (now, or in a journal a resume reads): charged for what ran,
+        one more interruption for the run and for its type's learned rate (``spotrates.py``)."""
+        self.spot_counts.interruptions += 1
+        node.interrupted = True
+        if node.type is not None and node.type.is_spot:
+            self.spot_seen.setdefault(node.type.name, [0, 0.0])[0] += 1
 
     def _interrupted(self, a: Attempt, node: NodeRecord, now: float, cause: WorkCause) -> list[Followup]:
         """An attempt (already stopped) ends with its spot instance: counted, not a failure."""
