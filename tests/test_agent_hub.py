@@ -439,3 +439,24 @@ def test_an_agent_that_reads_again_gets_every_message_in_order_once():
         assert set(fakes.runs.values()) == {1}
         assert not clients["n0"]._link.outbuf
         clients["n0"].close()
+
+
+def test_the_daemon_collects_young_garbage_in_batches_while_it_runs_and_restores_the_setting(tmp_path):
+    """A third of a 1,000-agent decision was the collector running every 700 allocations
+    (``broker/shells/gctune.py``): the daemon raises the youngest generation's threshold for
+    its run, and gives the process its own setting back when the run ends."""
+    import gc
+
+    from broker.shells.gctune import YOUNG
+
+    before = gc.get_threshold()
+    gc.set_threshold(700, *before[1:])
+    try:
+        seen: list[int] = []
+        with FakeAgents() as fakes:
+            report, _ = _daemon_on_fakes(tmp_path, fakes, 4, 40, on_progress=lambda *_: seen.append(gc.get_threshold()[0]))
+        assert report.tasks_done == 40
+        assert seen and set(seen) == {YOUNG}
+        assert gc.get_threshold()[0] == 700
+    finally:
+        gc.set_threshold(*before)

@@ -48,6 +48,7 @@ from broker.core.goal import Goal
 from broker.core.model import Bag, Inventory
 from broker.shells.clock import RunClock
 from broker.shells.diskfull import DiskFull
+from broker.shells.gctune import young_collections_batched
 from broker.shells.journal import Journal
 from broker.shells.logging import held_events, register_secrets_in, write_event
 
@@ -133,7 +134,8 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin, SpotMixin):
 
     def run(self) -> RunReport:
         try:
-            return self._run()
+            with young_collections_batched():  # a third of a 1,000-agent decision was the collector
+                return self._run()
         finally:
             if self.trace is not None:
                 self.trace.close()
