@@ -3,9 +3,9 @@
 CPython collects its youngest generation every 700 container allocations (``gc`` default).
 A turn of the daemon at 1,000 agents allocates tens of thousands of short-lived objects
 (messages, ledger events, node views, actions); nearly all of them are freed by reference
-counting the moment
-the turn drops them, so the collector finds almost nothing, yet at 700 it runs dozens of times
-a turn and promotes what is alive at that instant to older generations, which then make the
+counting the moment the
+turn drops them, so the collector finds almost nothing, yet at 700 it runs dozens of times a
+turn and promotes what is alive at that instant to older generations, which then make the
 full collections longer. Measured with ``bench/bench_scale.py --agents 1000 --tasks 10000
 --no-local`` (sixth session, three runs each, load 8-15): the decision of a turn that starts
 500 tasks took 2.75-3.15 ms CPU at the default and 1.87-2.14 ms with this setting; about a
