@@ -70,7 +70,10 @@ class FleetPlanner:
         billing unit that starts at ``now`` when ``now`` is exactly a boundary. Otherwise, at
         that instant, keeping it costs the same as a new instance and the solver picks
         between them at random (re-plans on a boundary then launch new instances and
-        shorten running ones). Not for budgets: that unit is not charged yet."""
+        shorten running ones). Budgets too: an instance alive on its boundary has begun the
+        next unit (EC2 charges it; ``budget.unit_started_usd`` counts it against the budget),
+        so releasing it there saves nothing, and a budget plan that saw the instance as
+        unpaid released it on the boundary (tests/test_sim_properties.py)."""
         from ..plan import Work
 
         by_name = {t.name: t for t in types}
