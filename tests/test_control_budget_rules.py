@@ -77,3 +77,25 @@ def test_regression_a_budget_waited_15_minutes_on_a_plan_made_on_a_loose_estimat
 
 def test_a_budget_on_a_firm_estimate_keeps_the_regular_interval():
     assert not _five_minutes_after_a_plan(60)
+
+
+def test_a_budget_short_of_the_upper_value_buys_the_point_value_on_the_efficient_machines():
+    """Rule "a budget that cannot cover the work's upper value buys no speed at a premium"
+    (planning.efficient_only): the point plan is sought on the machines within 5% of the best
+    work per dollar first. Before it the fastest point plan within $0.80 bought the dear type
+    beside the cheap one (2 cheap + 2 dear for an hour, the whole budget), leaving nothing for
+    the work the point value misses."""
+    from broker.core.billing import Billing
+    from broker.core.control.planning import FleetPlanner, PlannerInput
+    from broker.core.model import MachineType
+    from broker.core.plan import Work
+
+    hourly = Billing.hourly()
+    types = (MachineType("cheap", 1, 1.0, 0.10, 2, 0.0, hourly), MachineType("dear", 1, 1.0, 0.30, 10, 0.0, hourly))
+    work = Work(total_ref_s=10 * 3600.0, tasks=40, mean_ref_s=900.0)  # the upper value: $1.00 on "cheap"
+    pin = PlannerInput(types, (), (), work, 0.0)
+    result = FleetPlanner().fastest_within(pin, 0.80, point_ref_s=3.6 * 3600.0)
+    assert result.cause == "budget_tight"
+    bought = {g.type_name for g in result.plan.new}
+    assert bought == {"cheap"}, result.plan.new
+    assert result.plan.cost_usd <= 0.80 + 1e-9

@@ -12,7 +12,7 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .budget import private_rate_usd_per_s
+from .budget import private_rate_usd_per_s, unit_started_usd
 from .causes import GoalKind, LaunchCause
 from .estimates import RemainingWork
 from .planning import PlanResult
@@ -96,7 +96,7 @@ def planner_input(ctl: Controller, snap: Snapshot, now: float, rem: RemainingWor
         nodes=snap.nodes,
         rem=rem,
         now_s=now,
-        unit_started=ctl.goal.kind != GoalKind.BUDGET,
+        unit_started=True,
         tail_ref_s=tail_size_ref_s(snap, rem) if lean else None,
     )
 
@@ -236,13 +236,14 @@ def solve_budget(planner, ctl: Controller, snap: Snapshot, memory: Memory, now: 
     pin = planner_input(ctl, snap, now, rem)
     if not launches:
         pin = replace(pin, types=tuple(replace(t, limit=0) for t in pin.types))
-    # The planner sees existing instances paid up to their current boundary and
-    # decides their extensions itself, so it gets the budget minus what is charged,
-    # not minus the units already scheduled (that would count them twice).
+    # The planner sees existing instances paid up to their current boundary (the unit an
+    # instance alive on its boundary has begun included: unit_started_usd) and decides their
+    # extensions itself, so it gets the budget minus what is charged and begun, not minus
+    # the units already scheduled (that would count them twice).
     # The private nodes' cost so far counts against it too (a budget is the whole bill);
     # the plan's own cost includes their share from now on.
-    budget_left = float(ctl.goal.value) - snap.committed_usd - private_rate_usd_per_s(ctl) * max(
-        0.0, now - snap.started_at_s)
+    budget_left = float(ctl.goal.value) - snap.committed_usd - unit_started_usd(snap, now) \
+        - private_rate_usd_per_s(ctl) * max(0.0, now - snap.started_at_s)
     hint = None
     if memory.last_plan is not None and memory.last_plan_at_s is not None and ctl.config.warm_start:
         # where the last plan ended, from now: the search starts there
