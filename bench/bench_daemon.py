@@ -9,11 +9,20 @@ planning before the first start are left out). The bare agent path is
 ``bench/bench_dispatch.py``'s loop (the same agents, no journal, no controller) on the same
 machine in the same invocation, so the ratio daemon / bare is what the daemon costs.
 
-Also the CPU time of the ``broker run`` process per task (its threads, start-up included; the
-agents are detached and not counted), and of its main thread (the loop: journal, log lines,
-decisions, pipe writes) from the first start to the last result: steadier than the rates on a
-shared machine.
-Medians over ``--repeat`` runs of each. No asserts: a loaded machine moves both figures.
+Where the time goes, for both paths, from the first start to the last result:
+
+- slots busy: the agents' own runtimes of the tasks (spawn to reap) over slots x span; the rest
+  of a slot's time it waited for the master (``slot idle ms per task``);
+- the master's CPU per task: every thread of the bare loop's process, and of the ``broker
+  run`` process (the loop and the agent hub), and of the daemon's loop thread alone (journal,
+  log lines, decisions, pipe writes): steadier than the rates on a shared machine;
+- ``--calibrate MS``: the bare path again, its loop burning MS ms of CPU per result, so the
+  cost of a master's extra CPU per task shows on the same machine at the same load
+  (``--window 1``: one Run a slot in the bare path, as the daemon sends).
+
+Also the CPU of ``broker run`` and its attach bridges per task, start-up included (the agents
+are detached and not counted). Medians over ``--repeat`` runs of each. No asserts: a loaded
+machine moves every figure.
 """
 
 from __future__ import annotations
