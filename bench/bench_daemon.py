@@ -9,11 +9,20 @@ planning before the first start are left out). The bare agent path is
 ``bench/bench_dispatch.py``'s loop (the same agents, no journal, no controller) on the same
 machine in the same invocation, so the ratio daemon / bare is what the daemon costs.
 
-Also the CPU time of the ``broker run`` process per task (its threads, start-up included; the
-agents are detached and not counted), and of its main thread (the loop: journal, log lines,
-decisions, pipe writes) from the first start to the last result: steadier than the rates on a
-shared machine.
-Medians over ``--repeat`` runs of each. No asserts: a loaded machine moves both figures.
+Where the time goes, for both paths, from the first start to the last result:
+
+- slots busy: the agents' own runtimes of the tasks (spawn to reap) over slots x span; the rest
+  of a slot's time it waited for the master (``slot idle ms per task``);
+- the master's CPU per task: every thread of the bare loop's process, and of the ``broker
+  run`` process (the loop and the agent hub), and of the daemon's loop thread alone (journal,
+  log lines, decisions, pipe writes): steadier than the rates on a shared machine;
+- ``--calibrate MS``: the bare path again, its loop burning MS ms of CPU per result, so the
+  cost of a master's extra CPU per task shows on the same machine at the same load
+  (``--window 1``: one Run a slot in the bare path, as the daemon sends).
+
+Also the CPU of ``broker run`` and its attach bridges per task, start-up included (the agents
+are detached and not counted). Medians over ``--repeat`` runs of each. No asserts: a loaded
+machine moves every figure.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -35,11 +45,24 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def daemon_rate(agents: int, slots: int, n_tasks: int) -> tuple[float, float, float, float]:
-    """(tasks/s between the first start and the last result, wall seconds of ``broker run``,
-    CPU seconds of the ``broker run`` process (its threads, start-up included; not the
-    detached agents), CPU seconds of its main thread, the loop, between the first start and
-    the last result)."""
+@dataclass(frozen=True)
+class DaemonFigures:
+    rate: float  # tasks/s between the first start and the last result
+    wall_s: float  # the whole ``broker run`` command
+    cpu_s: float  # the ``broker run`` process and its children (start-up included; not the detached agents)
+    loop_cpu_s: float  # its main thread (the loop), first start to last result
+    master_cpu_s: float  # every thread of the ``broker run`` process, first start to last result
+    busy_s: float  # the agents' runtimes of the tasks (spawn to reap), summed
+    span_s: float  # first start to last result
+    slots: int
+
+    @property
+    def occupancy(self) -> float:
+        return self.busy_s / (self.slots * self.span_s)
+
+
+def daemon_rate(agents: int, slots: int, n_tasks: int) -> DaemonFigures:
+    """One ``broker run`` of ``n_tasks`` no-op tasks on ``agents`` local nodes; see DaemonFigures."""
     with tempfile.TemporaryDirectory(prefix="bk-daemon-") as tmp:
         root = Path(tmp)
         nodes = "".join(f"  - name: n{i}\n    local: true\n    slots: {slots}\n" for i in range(agents))
@@ -52,12 +75,12 @@ def daemon_rate(agents: int, slots: int, n_tasks: int) -> tuple[float, float, fl
                 [sys.executable, "-m", "broker", "run", "--inventory", str(root / "inv.yaml"), "--deadline", "10h",
                  "--run-dir", str(root / "run"), "--yes", str(root / "bag.yaml")],
                 env=env, stdout=subprocess.DEVNULL, stderr=err)
-            samples = _main_thread_cpu(child)  # (epoch s, main-thread CPU s) every 20 ms
+            samples = _cpu_samples(child)  # (epoch s, main-thread CPU s, process CPU s) every 20 ms
         wall_s, cpu_s = time.perf_counter() - t0, _children_cpu_s() - cpu0
         if child.returncode != 0:
             raise RuntimeError(f"broker run exited {child.returncode}: {(root / 'stderr').read_text()[-2000:]}")
         first = last = None
-        count = 0
+        count, busy_s = 0, 0.0
         with open(root / "run" / "events.jsonl", encoding="utf-8") as f:
             for line in f:
                 if '"task.' not in line:
@@ -67,31 +90,38 @@ def daemon_rate(agents: int, slots: int, n_tasks: int) -> tuple[float, float, fl
                 if event["event"] == "task.start" and first is None:
                     first = at
                 elif event["event"] == "task.done":
-                    last, count = at, count + 1
+                    last, count, busy_s = at, count + 1, busy_s + event["runtime_s"]
         if count != n_tasks or first is None or last is None:
             raise RuntimeError(f"{count} of {n_tasks} tasks done in events.jsonl")
-        loop_cpu_s = _cpu_at(samples, last) - _cpu_at(samples, first)
-        return n_tasks / (last - first), wall_s, cpu_s, loop_cpu_s
+        return DaemonFigures(
+            rate=n_tasks / (last - first), wall_s=wall_s, cpu_s=cpu_s,
+            loop_cpu_s=_cpu_at(samples, last, 1) - _cpu_at(samples, first, 1),
+            master_cpu_s=_cpu_at(samples, last, 2) - _cpu_at(samples, first, 2),
+            busy_s=busy_s, span_s=last - first, slots=agents * slots)
 
 
-def _main_thread_cpu(child: subprocess.Popen) -> list[tuple[float, float]]:
-    """Poll the child's main thread's CPU time (/proc/PID/task/PID/stat) until it exits."""
+def _cpu_samples(child: subprocess.Popen) -> list[tuple[float, float, float]]:
+    """Poll the child's CPU time, its main thread's (/proc/PID/task/PID/stat) and its whole
+    process's (/proc/PID/stat: every thread), until it exits."""
     tick = os.sysconf("SC_CLK_TCK")
     samples = []
     while child.poll() is None:
         try:
-            with open(f"/proc/{child.pid}/task/{child.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            samples.append((time.time(), (int(fields[11]) + int(fields[12])) / tick))
+            cpu = []
+            for path in (f"/proc/{child.pid}/task/{child.pid}/stat", f"/proc/{child.pid}/stat"):
+                with open(path) as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                cpu.append((int(fields[11]) + int(fields[12])) / tick)
+            samples.append((time.time(), cpu[0], cpu[1]))
         except (OSError, IndexError, ValueError):
             pass
         time.sleep(0.02)
     return samples
 
 
-def _cpu_at(samples: list[tuple[float, float]], at: float) -> float:
-    """The last sampled CPU time at or before ``at``."""
-    before = [cpu for t, cpu in samples if t <= at]
+def _cpu_at(samples: list[tuple[float, float, float]], at: float, which: int) -> float:
+    """The last sampled CPU time (``which``: 1 the main thread, 2 the process) at or before ``at``."""
+    before = [sample[which] for sample in samples if sample[0] <= at]
     return before[-1] if before else 0.0
 
 
@@ -106,6 +136,10 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=16)
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--window", type=int, default=2,
+                        help="the bare path's Runs in flight per slot (2: bench_dispatch's; 1: one a slot, as the daemon)")
+    parser.add_argument("--calibrate", type=float, default=None, metavar="MS",
+                        help="also run the bare path burning MS ms of CPU per Result in its loop (interleaved)")
     args = parser.parse_args()
 
     import structlog
@@ -117,25 +151,44 @@ def main() -> None:
     print(f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}; "
           f"load average {os.getloadavg()[0]:.2f}")
     spawn = spawn_only_rate(":")
-    bare, daemon, walls, cpus, loops = [], [], [], [], []
+    bare, calibrated, daemon = [], [], []
     for _ in range(args.repeat):  # interleaved, so that a change of load hits both alike
-        bare.append(local_dispatch(args.agents, args.slots, args.tasks, ":").tasks_per_s)
-        rate, wall, cpu, loop_cpu = daemon_rate(args.agents, args.slots, args.tasks)
-        loops.append(loop_cpu)
-        daemon.append(rate)
-        walls.append(wall)
-        cpus.append(cpu)
-    b, d = statistics.median(bare), statistics.median(daemon)
-    print(f"spawn-only floor:            {spawn:,.0f} tasks/s")
-    print(f"bare agent path ({args.agents} agents):  {b:,.0f} tasks/s  (runs: {', '.join(f'{x:,.0f}' for x in bare)})")
-    print(f"broker run ({args.agents} agents):       {d:,.0f} tasks/s  (runs: {', '.join(f'{x:,.0f}' for x in daemon)}; "
-          f"whole command {statistics.median(walls):.1f} s)")
-    print(f"broker run CPU per task:     {1e3 * statistics.median(cpus) / args.tasks:.3f} ms (the whole process, "
-          f"start-up included: runs {', '.join(f'{1e3 * c / args.tasks:.3f}' for c in cpus)})")
-    print(f"its main thread (the loop):  {1e3 * statistics.median(loops) / args.tasks:.3f} ms CPU per task, first start "
-          f"to last result (runs {', '.join(f'{1e3 * c / args.tasks:.3f}' for c in loops)})")
-    print(f"daemon / bare agent path:    {d / b:.2f}x;  bare / spawn-only: {b / spawn:.2f}x")
+        bare.append(local_dispatch(args.agents, args.slots, args.tasks, ":", args.window))
+        daemon.append(daemon_rate(args.agents, args.slots, args.tasks))
+        if args.calibrate is not None:
+            calibrated.append(local_dispatch(args.agents, args.slots, args.tasks, ":", args.window, args.calibrate))
+    _print(args, spawn, bare, daemon, calibrated)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+def _runs(values: list[float], fmt: str) -> str:
+    return f"{format(statistics.median(values), fmt)} (runs {', '.join(format(v, fmt) for v in values)})"
+
+
+def _print(args: argparse.Namespace, spawn: float, bare: list, daemon: list[DaemonFigures], calibrated: list) -> None:
+    n = args.tasks
+    b, d = statistics.median(f.tasks_per_s for f in bare), statistics.median(f.rate for f in daemon)
+    print(f"spawn-only floor:            {spawn:,.0f} tasks/s")
+    print(f"bare agent path ({args.agents} agents):  {_runs([f.tasks_per_s for f in bare], ',.0f')} tasks/s, "
+          f"window {args.window} a slot")
+    print(f"broker run ({args.agents} agents):       {_runs([f.rate for f in daemon], ',.0f')} tasks/s; "
+          f"whole command {statistics.median(f.wall_s for f in daemon):.1f} s")
+    print(f"daemon / bare agent path:    {d / b:.2f}x;  bare / spawn-only: {b / spawn:.2f}x")
+    print("where the time goes (first start to last result):")
+    print(f"  slots busy running tasks:  bare {_runs([f.occupancy for f in bare], '.2f')}; "
+          f"daemon {_runs([f.occupancy for f in daemon], '.2f')}")
+    print(f"  slot idle ms per task:     bare {_runs([f.idle_ms_per_task for f in bare], '.1f')}; daemon "
+          f"{_runs([1e3 * (f.slots * f.span_s - f.busy_s) / n for f in daemon], '.1f')}")
+    print(f"  master CPU ms per task:    bare {_runs([1e3 * f.master_cpu_s / n for f in bare], '.3f')} (its process); "
+          f"daemon {_runs([1e3 * f.master_cpu_s / n for f in daemon], '.3f')} (the broker run process), "
+          f"of which its loop thread {_runs([1e3 * f.loop_cpu_s / n for f in daemon], '.3f')}")
+    print(f"  broker run CPU per task:   {_runs([1e3 * f.cpu_s / n for f in daemon], '.3f')} ms (the process and "
+          f"its attach bridges, start-up included)")
+    if calibrated:
+        c = statistics.median(f.tasks_per_s for f in calibrated)
+        print(f"calibration: the bare path burning {args.calibrate:g} ms CPU per result in its loop: "
+              f"{_runs([f.tasks_per_s for f in calibrated], ',.0f')} tasks/s = {c / b:.2f}x the bare path, master CPU "
+              f"{_runs([1e3 * f.master_cpu_s / n for f in calibrated], '.3f')} ms per task")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,18 @@ class DispatchFigures:
     tasks: int
     wall_s: float
     failed: int
+    busy_s: float = 0.0  # the agents' own runtimes of the tasks, summed (spawn to reap)
+    master_cpu_s: float = 0.0  # this process's CPU (every thread) from the first submit to the last Result
+
+    @property
+    def occupancy(self) -> float:
+        """The fraction of slot time the agents spent running tasks; the rest a slot waited."""
+        return self.busy_s / (self.slots * self.wall_s)
+
+    @property
+    def idle_ms_per_task(self) -> float:
+        """Slot time per task not spent running it: what the trip to the master and back costs."""
+        return 1000.0 * (self.slots * self.wall_s - self.busy_s) / self.tasks
 
     @property
     def tasks_per_s(self) -> float:
@@ -61,8 +73,11 @@ class DispatchFigures:
         return 1000.0 * self.slots * self.wall_s / self.tasks
 
 
-def run_dispatch(transports: list[Transport], n_tasks: int, command: str = ":", window_per_slot: int = 2) -> DispatchFigures:
-    """Run ``n_tasks`` copies of ``command`` over the agents behind ``transports``; time it."""
+def run_dispatch(transports: list[Transport], n_tasks: int, command: str = ":", window_per_slot: int = 2,
+                 extra_cpu_ms: float = 0.0) -> DispatchFigures:
+    """Run ``n_tasks`` copies of ``command`` over the agents behind ``transports``; time it.
+    ``extra_cpu_ms``: CPU the loop burns per Result on top of its own (bench_daemon.py's
+    calibration: what a master that costs that much more per task loses)."""
     inbox: queue.Queue = queue.Queue()
     clients = {f"agent-{i}": AgentClient(t, f"agent-{i}", inbox=inbox) for i, t in enumerate(transports)}
     windows = {name: window_per_slot * c.hello.slots for name, c in clients.items()}
@@ -78,10 +93,11 @@ def run_dispatch(transports: list[Transport], n_tasks: int, command: str = ":", 
             next_task += count
             in_flight[name] += count
 
-    started = time.perf_counter()
+    started, cpu0 = time.perf_counter(), time.process_time()
     for name in clients:
         top_up(name)
     done = failed = 0
+    busy_s = 0.0
     while done < n_tasks:
         batch = [inbox.get()]
         while True:  # take everything that has arrived: one ack and one submit per agent
@@ -90,10 +106,13 @@ def run_dispatch(transports: list[Transport], n_tasks: int, command: str = ":", 
             except queue.Empty:
                 break
         finished: dict[str, list] = defaultdict(list)
+        if extra_cpu_ms:
+            _burn_cpu(extra_cpu_ms * len(batch) / 1000.0)
         for name, event in batch:
             if isinstance(event, Result):
                 finished[name].append((event.task, event.attempt))
                 failed += not event.ok
+                busy_s += event.runtime_s
             elif isinstance(event, NodeLost):
                 raise RuntimeError(f"{name} was lost during the benchmark: {event.reason}")
         for name, keys in finished.items():
@@ -101,19 +120,27 @@ def run_dispatch(transports: list[Transport], n_tasks: int, command: str = ":", 
             in_flight[name] -= len(keys)
             clients[name].ack(keys)
             top_up(name)
-    wall_s = time.perf_counter() - started
+    wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu0
     for client in clients.values():
         client.shutdown(drain=True)
     for client in clients.values():
         client.wait_closed(10.0)
-    return DispatchFigures(len(clients), total_slots, n_tasks, wall_s, failed)
+    return DispatchFigures(len(clients), total_slots, n_tasks, wall_s, failed, busy_s, cpu_s)
 
 
-def local_dispatch(agents: int, slots: int, n_tasks: int, command: str) -> DispatchFigures:
+def _burn_cpu(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def local_dispatch(agents: int, slots: int, n_tasks: int, command: str, window_per_slot: int = 2,
+                   extra_cpu_ms: float = 0.0) -> DispatchFigures:
     with tempfile.TemporaryDirectory(prefix="bk-bench-") as root:
         dirs = [Path(root) / f"a{i}" for i in range(agents)]
         try:
-            return run_dispatch([attach_local_agent(d, slots) for d in dirs], n_tasks, command)
+            return run_dispatch([attach_local_agent(d, slots) for d in dirs], n_tasks, command, window_per_slot,
+                                extra_cpu_ms)
         finally:
             for d in dirs:
                 stop_local_agent(d)

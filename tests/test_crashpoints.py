@@ -18,6 +18,12 @@ class _Journal:
     def task_started(self, task_id, attempt, node, *, at_s=None):
         self.calls.append(("task_started", (task_id, attempt, node)))
 
+    def tasks_finished(self, results):
+        self.calls.append(("tasks_finished", tuple(results)))
+
+    def task_finished(self, task_id, attempt, result, *, node=None, at_s=None):
+        self.calls.append(("task_finished", (task_id, attempt)))
+
 
 def test_each_start_of_a_turns_tasks_started_is_a_task_started_kill_point(monkeypatch):
     """Issue 20: the daemon journals a turn's starts with one tasks_started call. The crash
@@ -33,3 +39,16 @@ def test_each_start_of_a_turns_tasks_started_is_a_task_started_kill_point(monkey
     assert kills == [signal.SIGKILL]  # the third start: after the statement, before any commit
     crashing.task_started("t4", 1, "n")
     assert kills == [signal.SIGKILL]  # once
+
+
+def test_each_result_of_a_turns_tasks_finished_is_a_task_finished_kill_point(monkeypatch):
+    """Issue 20: the daemon journals a turn's successful results with one tasks_finished
+    call; the crash chains' ``task_finished:<n>`` must still land on the n-th result."""
+    kills = []
+    monkeypatch.setattr(crashpoints.os, "kill", lambda pid, sig: kills.append(sig))
+    journal = _Journal()
+    crashing = CrashingJournal(journal, CrashPlan("task_finished:3"))
+    crashing.tasks_finished([("t0", 1, None, "n", 1.0), ("t1", 1, None, "n", 1.0)])
+    assert kills == []
+    crashing.task_finished("t2", 1, None)
+    assert kills == [signal.SIGKILL]

@@ -180,6 +180,47 @@ def test_a_turns_starts_in_one_statement_keep_task_starteds_rules(tmp_path):
     assert task_state(journal, "t0") == "running" and task_state(journal, "t4") == "running"
 
 
+def _rows(journal):
+    return (journal._db.execute("SELECT * FROM attempts ORDER BY task_id, attempt").fetchall(),
+            journal._db.execute("SELECT * FROM tasks ORDER BY id").fetchall())
+
+
+def test_a_turns_results_in_two_statements_leave_the_rows_task_finished_leaves(tmp_path):
+    """Issue 20: the daemon journals a turn's successful results with tasks_finished (about
+    six statements a result before: a savepoint, a look-up, two updates). The rows are those
+    task_finished leaves one by one: for running attempts and a replica pair (the task done
+    once, by the first), and, taken one by one after a rollback, for a replay, a result whose
+    start was never journaled and a failure among them."""
+    turns = [
+        [("t0", 1, OK, "n1", 5.0), ("t1", 1, OK, "n1", 5.5), ("t2", 2, OK, "n2", 6.0), ("t2", 1, OK, "n1", 6.0)],
+        [("t0", 1, OK, "n1", 7.0), ("t3", 1, OK, "n2", 7.0)],  # a replay; then a start never journaled
+        [("t4", 1, OK, "n1", 8.0), ("t5", 1, BAD, "n2", 8.0)],  # a failure among them
+    ]
+    batched, single = (new_journal(tmp_path / name, n_tasks=6) for name in ("batched", "single"))
+    for journal in (batched, single):
+        journal.tasks_started([("t0", 1, "n1"), ("t1", 1, "n1"), ("t2", 1, "n1"), ("t2", 2, "n2"),
+                               ("t4", 1, "n1"), ("t5", 1, "n2")], at_s=1.0)
+    statements = traced(batched)
+    with batched.batch():
+        batched.tasks_finished(turns[0])
+    # one call: one savepoint, no look-up a result (the trace shows each row of an executemany)
+    assert [s for s in statements if s.startswith(("SAVEPOINT", "SELECT"))] == ["SAVEPOINT call"]
+    for results in turns[1:]:
+        batched.tasks_finished(results)
+    for results in turns:
+        for task_id, attempt, result, node, at_s in results:
+            single.task_finished(task_id, attempt, result, node=node, at_s=at_s)
+    assert _rows(batched) == _rows(single)
+    assert [task_state(batched, t) for t in ("t0", "t2", "t3", "t5")] == ["done", "done", "done", "pending"]
+    assert batched._db.execute("SELECT done_attempt FROM tasks WHERE id = 't2'").fetchone() == (2,)
+
+
+def traced(journal):
+    statements = []
+    journal._db.set_trace_callback(statements.append)
+    return statements
+
+
 def test_a_replica_result_is_recorded_but_the_task_counts_once(tmp_path):
     journal = new_journal(tmp_path)
     journal.task_started("t0", 1, "n1")

@@ -7,7 +7,8 @@ occurrence of the named point, so a test can kill a real daemon at an exact plac
 
 - a journal write, named by its method: ``intend:launch``, ``intend:terminate``,
   ``complete``, ``fail``, ``record_launch``, ``record_instance_state``, ``set_release``,
-  ``task_started`` (each start of a turn's ``tasks_started`` too), ``task_finished``, ``task_failed``, ``attempt_lost``, ``attempt_cancelled``,
+  ``task_started`` (each start of a turn's ``tasks_started`` too), ``task_finished`` (each result of a
+  turn's ``tasks_finished`` too), ``task_failed``, ``attempt_lost``, ``attempt_cancelled``,
   ``requeue_running``, ``record_sample_draws``, ``record_plan``, ``add_tasks``,
   ``create_run``, ``finish_run``, and ``batch`` (the end of a batch of results or starts);
   inside a batch, or a batch inside the turn's group, the kill lands before the commit, so
@@ -34,11 +35,13 @@ ENV = "BROKER_CRASH_AT"
 
 _WRITES = frozenset({
     "intend", "complete", "fail", "record_launch", "record_instance_state", "set_release", "task_started",
-    "tasks_started",
+    "tasks_started", "tasks_finished",
     "task_finished", "task_failed", "attempt_lost", "attempt_cancelled", "requeue_running", "record_sample_draws",
     "record_plan", "add_tasks", "create_run", "finish_run", "record_event", "record_private_node",
     "quarantine", "cancel_pending", "set_estimates",
 })
+
+_EACH = {"tasks_started": "task_started", "tasks_finished": "task_finished"}
 
 
 class CrashPlan:
@@ -85,9 +88,9 @@ class CrashingJournal:
                 plan.hit(f"intend:{args[0] if args else kwargs.get('kind')}")
             elif name == "record_event":
                 plan.hit(f"event:{args[0] if args else kwargs.get('name')}")
-            elif name == "tasks_started":  # a turn's starts at once: each is a task_started point
-                for _start in args[0] if args else kwargs.get("starts", ()):
-                    plan.hit("task_started")
+            elif name in _EACH:  # a turn's starts (results) at once: each is a task_started (finished) point
+                for _each in args[0] if args else kwargs.get("starts", kwargs.get("results", ())):
+                    plan.hit(_EACH[name])
             else:
                 plan.hit(name)
             return result

@@ -18,6 +18,7 @@ from broker.core.control.causes import TaskState
 from broker.core.model import Task
 
 from .reader import JournalReader
+from .results import FinishedBatch
 from .schema import (
     GOAL_KINDS,
     GOAL_SINCE_PLAN,
@@ -43,7 +44,7 @@ class _NotFresh(Exception):
     """tasks_started met a start already recorded, or an unknown task: taken one by one."""
 
 
-class Journal(JournalReader):
+class Journal(FinishedBatch, JournalReader):
     """A run's journal, read and written. Create with :meth:`open`; every method is one short
     transaction (or a savepoint inside :meth:`batch`)."""
 

@@ -84,8 +84,10 @@ class AttemptsMixin:
         if isinstance(message, Result):
             acks[node].append((message.task, message.attempt))
             if message.task == SETUP_TASK:
+                self._journal_finished()
                 return self._on_setup(node, message)
             return self._on_result(node, message)
+        self._journal_finished()  # the turn's results so far before anything else, in their order
         if isinstance(message, NodeLost):
             return self._on_node_lost(node, message.reason)
         if isinstance(message, Interruption):
@@ -111,11 +113,13 @@ class AttemptsMixin:
         if r.cancelled or (r.error and AGENT_STOPPING in r.error):
             # The agent cancels or refuses work without being asked (ours were written off when
             # we cancelled them): it is stopping (SIGTERM, a node rebooting).
+            self._journal_finished()
             return self._agent_stopping(node, r)
         outcome = AttemptResult(exit_code=r.exit_code, runtime_s=r.runtime_s, timed_out=r.timed_out,
                                 stdout_tail=mask_secrets(r.stdout_tail), stderr_tail=mask_secrets(r.stderr_tail),
                                 error=mask_secrets(r.error))
         if not outcome.ok:
+            self._journal_finished()
             sig = signature(r.exit_code, r.timed_out, r.error)
             e = self.ledger.on_attempt_failed(node, r.task, r.attempt, now, sig)
             if not e.changed:
@@ -127,10 +131,17 @@ class AttemptsMixin:
         e = self.ledger.on_result(node, r.task, r.attempt, now, runtime_s)
         if not e.changed:
             return False
-        self.journal.task_finished(r.task, r.attempt, outcome, node=node, at_s=now)
+        self._finished.append((r.task, r.attempt, outcome, node, now))  # journaled with the turn's others
         if e.outcome == Ending.DONE:
             self._done(node, r, e)
         return True
+
+    def _journal_finished(self) -> None:
+        """Journal the successful results :meth:`_on_result` held, in one call (two statements):
+        before any other write of the turn that concerns attempts, and at the end of its batch."""
+        if self._finished:
+            finished, self._finished = self._finished, []
+            self.journal.tasks_finished(finished)
 
     def _agent_stopping(self, node: str, r: Result) -> bool:
         """A stopping agent cancels what it runs and takes nothing new: the node is down until
@@ -187,6 +198,8 @@ class AttemptsMixin:
     def _carry_out(self, followups: tuple[Followup, ...] | list[Followup], *, why: str = "",
                    stderr_tail: str = "") -> None:
         """Journal and carry out what the ledger answered an event with."""
+        if followups:
+            self._journal_finished()
         for f in followups:
             if isinstance(f, Cancel):
                 if is_spot_cancel(f):

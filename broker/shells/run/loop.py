@@ -113,6 +113,7 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin, SpotMixin):
         self.trace = Trace(options.trace) if options.trace is not None else None
         self.clients: dict[str, Any] = {}  # node -> its agent client (None until attached)
         self._to_fetch: list[tuple[str, str]] = []  # (node, task) whose outputs to fetch this turn
+        self._finished: list[tuple] = []  # the turn's successful results, journaled together (attempts.py)
         self.memory = Memory()
         self.first_plan: tuple[float | None, float | None] | None = None
         self.last_notes: tuple[str, ...] = ()
@@ -258,6 +259,7 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin, SpotMixin):
                 for node, message in messages:
                     if node is not None:
                         changed |= self._on_agent_message(node, message, acks)
+                self._journal_finished()
         for node, keys in acks.items():  # an ack means "durably recorded": once the turn committed
             client = self.clients.get(node)
             if client is not None:
