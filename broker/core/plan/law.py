@@ -54,6 +54,11 @@ class RuntimeLaw:
     sample_size: float | None = None
     tail_from_ref_s: float | None = None  # the longest runtime seen ...
     tail_excess_ref_s: float = 0.0  # ... and the mean excess of the longest ones over the next
+    # The runtimes behind each atom (Kaplan-Meier: the tasks that ended there; the mass past
+    # the longest seen: the tasks still running past it), when they are not weights x
+    # sample_size: the bootstrap then draws atom k's weight as weights_k Gamma(c_k) / c_k.
+    atom_counts: np.ndarray | None = None
+    tail_atoms: int = 0  # the last atoms are one fitted tail block: one weight draw moves them all
     _cum: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -72,18 +77,40 @@ class RuntimeLaw:
 
         km = KaplanMeier(finished_ref_s, running_ages_ref_s, cap_ref_s)
         values, weights = km.atoms()
-        n = max(km.events, 1)
         events = np.sort(np.asarray(finished_ref_s, dtype=float))[::-1]
         ages = np.asarray(running_ages_ref_s, dtype=float)
+        times, deaths = np.unique(events, return_counts=True)
+        everything = np.sort(np.concatenate((events, ages)))
+        at_risk = everything.size - np.searchsorted(everything, times, side="left")
+        counts = np.concatenate((deaths, [0])).astype(float)
+        n = max(km.events, 1)
         seen = max(float(events[0]) if events.size else 0.0, float(ages.max()) if ages.size else 0.0)
         k = min(max(3, int(math.sqrt(events.size))), events.size - 1)
         excess = float(np.mean(events[:k] - events[k])) if k >= 1 else 0.5 * seen
-        # KM leaves the mass of tasks still running past every runtime seen at the cap; it
-        # lies beyond the longest seen, by the tail's mean excess (never past the cap).
-        if weights[-1] > 0 and values[-1] > seen:
+        # Past the last runtime seen by at least TAIL_AT_RISK tasks, Kaplan-Meier's mass is a
+        # guess (all of it at the longest runtime seen, or at the cap): it goes where a
+        # lognormal fitted to the law's upper part puts it (``_fitted_tail``), one block
+        # vouched for by the tasks that ran that long.
+        block = 0
+        cut = np.flatnonzero(at_risk >= TAIL_AT_RISK)
+        if cut.size and weights[cut[-1] + 1:].sum() > 0:
+            i = int(cut[-1])
+            tail = _fitted_tail(values[:i + 1], weights[:i + 1], float(times[i]), km.cap_ref_s)
+            if tail is not None:
+                left = float(weights[i + 1:].sum())
+                values = np.concatenate((values[:i + 1], tail))
+                weights = np.concatenate((weights[:i + 1], np.full(tail.size, left / tail.size)))
+                beyond = float(everything.size - np.searchsorted(everything, times[i], side="right"))
+                counts = np.concatenate((counts[:i + 1], np.full(tail.size, max(beyond, 1.0) / tail.size)))
+                block = tail.size
+        if not block and weights[-1] > 0 and values[-1] > seen:
+            # else the mass of tasks running past every runtime seen lies beyond the longest
+            # seen by the tail's mean excess (never past the cap), vouched for by those tasks
             values[-1] = min(seen + excess, km.cap_ref_s)
+            counts[-1] = max(1.0, float(np.sum(ages > (events[0] if events.size else 0.0))))
         keep = weights > 0
         return cls(values[keep], weights[keep], kw.pop("mean_rel_se", 0.0), km.cap_ref_s, sample_size=n,
+                   atom_counts=counts[keep], tail_atoms=int(keep[keep.size - block:].sum()) if block else 0,
                    tail_from_ref_s=seen if events.size else None, tail_excess_ref_s=excess, **kw)
 
     @classmethod
@@ -185,6 +212,48 @@ class RuntimeLaw:
         return np.exp(rng.standard_normal(replicates) * math.sqrt(s2) - s2 / 2)
 
 
+TAIL_AT_RISK = 10  # Kaplan-Meier is kept up to the last runtime this many tasks reached
+_TAIL_ATOMS = 32  # atoms the mass past the longest runtime seen is spread over
+_TAIL_FIT_FROM = 0.5  # the fitted lognormal is the upper part of the law from this quantile
+
+
+def _fitted_tail(values: np.ndarray, weights: np.ndarray, seen: float, cap: float) -> np.ndarray | None:
+    """Where the mass Kaplan-Meier cannot place well (past ``seen``, the last runtime
+    ``TAIL_AT_RISK`` tasks reached) lies: ``_TAIL_ATOMS`` equal-mass quantiles of a lognormal
+    conditioned on ``X > seen``, never past the cap (None when the law gives too little to
+    fit it). ``values``, ``weights``: the law up to ``seen`` (weights summing to its CDF).
+
+    The lognormal is fitted to the law's upper part (from its median to ``seen``) by least squares on its probability plot: ``log t`` against ``z`` at each step's
+    mid-probability. While the long tasks still run, the observed law is the body of the
+    distribution with its tail cut; putting the cut mass just past the longest seen made the
+    mean low (on lognormal(sigma 1.5) runtimes, 10% of the bag done, by 2.3% on average and
+    up to 11%, three standard errors of the bootstrap), and the promise with it."""
+    from statistics import NormalDist
+
+    cum = np.cumsum(weights)
+    mid = cum - weights / 2
+    use = (mid >= _TAIL_FIT_FROM) & (weights > 0) & (values > 0) & (mid < 1.0 - 1e-9)
+    if use.sum() < 5:
+        return None
+    nd = NormalDist()
+    z = np.array([nd.inv_cdf(float(p)) for p in mid[use]])
+    y, w = np.log(values[use]), weights[use]
+    zm, ym = float(w @ z / w.sum()), float(w @ y / w.sum())
+    szz = float(w @ (z - zm) ** 2)
+    if szz <= 0:
+        return None
+    sigma = float(w @ ((z - zm) * (y - ym))) / szz
+    if not sigma > 0:
+        return None
+    mu = ym - sigma * zm
+    p0 = nd.cdf((math.log(seen) - mu) / sigma)
+    if p0 >= 1.0 - 1e-12:
+        return None
+    probs = p0 + (1.0 - p0) * (np.arange(_TAIL_ATOMS) + 0.5) / _TAIL_ATOMS
+    tail = np.exp(mu + sigma * np.array([nd.inv_cdf(float(p)) for p in probs]))
+    return np.clip(tail, seen, cap)
+
+
 class _Replicas:
     """The runtime law of each replicate: shared atoms, per-replicate weights (R, A) from the
     Bayesian bootstrap (or the stated weights and a mean multiplier), and the replicate's
@@ -193,9 +262,16 @@ class _Replicas:
 
     def __init__(self, law: RuntimeLaw, R: int, rng: np.random.Generator):
         self.law = law
-        v, w = _pooled(law.values_ref_s, law.weights)
+        counts = None if law.sample_size is None else (
+            law.weights * law.sample_size if law.atom_counts is None else law.atom_counts)
+        v, w, c = _pooled(law.values_ref_s, law.weights, counts)
         if law.sample_size is not None:
-            g = rng.standard_gamma(np.maximum(w * law.sample_size, 1e-3)[None, :], size=(R, v.size))
+            c = np.maximum(c, 1e-3)
+            g = w[None, :] * rng.standard_gamma(c[None, :], size=(R, v.size)) / c[None, :]
+            b = law.tail_atoms
+            if b:  # the fitted tail moves as one block (its split is the fit's, not data's)
+                cb = float(c[-b:].sum())
+                g[:, -b:] = w[None, -b:] * (rng.standard_gamma(cb, size=R) / cb)[:, None]
             w_r = g / g.sum(axis=1, keepdims=True)
             scale = _bootstrap_t_scale(v, w, w_r, law.sample_size)
             w = w_r
@@ -263,17 +339,20 @@ def _bootstrap_t_scale(v, w, w_r, n: float) -> np.ndarray:
     return mu / m_r
 
 
-def _pooled(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _pooled(values: np.ndarray, weights: np.ndarray, counts: np.ndarray | None = None):
+    """(values, weights, counts) with at most ``_MAX_ATOMS`` atoms (counts None: None)."""
     order = np.argsort(values, kind="stable")
     v, w = values[order], weights[order]
+    c = None if counts is None else np.asarray(counts, dtype=float)[order]
     if v.size <= _MAX_ATOMS:
-        return v, w
+        return v, w, c
     head = v.size - _KEPT_TAIL
     groups = _MAX_ATOMS - _KEPT_TAIL
     edges = np.linspace(0, head, groups + 1).astype(int)
     mass = np.add.reduceat(w[:head], edges[:-1])
     mean = np.add.reduceat(w[:head] * v[:head], edges[:-1]) / np.maximum(mass, 1e-300)
-    return np.concatenate((mean, v[head:])), np.concatenate((mass, w[head:]))
+    pooled_c = None if c is None else np.concatenate((np.add.reduceat(c[:head], edges[:-1]), c[head:]))
+    return np.concatenate((mean, v[head:])), np.concatenate((mass, w[head:])), pooled_c
 
 
 def _row_cumsum(w: np.ndarray) -> np.ndarray:
