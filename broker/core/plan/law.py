@@ -26,6 +26,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .tailfit import TAIL_AT_RISK, fitted_tails
+
 _ATOMS = 4096  # quantile atoms of a parametric runtime law (the last at z = 3.7)
 _MAX_ATOMS = 1000  # atoms a replicate re-weighs ...
 _KEPT_TAIL = 100  # ... of which the longest stay as observed
@@ -58,7 +60,8 @@ class RuntimeLaw:
     # the longest seen: the tasks still running past it), when they are not weights x
     # sample_size: the bootstrap then draws atom k's weight as weights_k Gamma(c_k) / c_k.
     atom_counts: np.ndarray | None = None
-    tail_atoms: int = 0  # the last atoms are one fitted tail block: one weight draw moves them all
+    tail_atoms: int = 0  # the last atoms are one fitted tail block: one weight draw moves them all ...
+    tail_cut_ref_s: float | None = None  # ... past this runtime, refitted per replicate (``tailfit.py``)
     _cum: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -89,20 +92,22 @@ class RuntimeLaw:
         excess = float(np.mean(events[:k] - events[k])) if k >= 1 else 0.5 * seen
         # Past the last runtime seen by at least TAIL_AT_RISK tasks, Kaplan-Meier's mass is a
         # guess (all of it at the longest runtime seen, or at the cap): it goes where a
-        # lognormal fitted to the law's upper part puts it (``_fitted_tail``), one block
-        # vouched for by the tasks that ran that long.
-        block = 0
+        # lognormal fitted to the law's upper part puts it (``tailfit.py``; on lognormal(sigma
+        # 1.5) runtimes at 10% done the mean was otherwise 5% low), one block vouched for by
+        # the tasks that ran that long, refitted per replicate.
+        block, cut_at = 0, None
         cut = np.flatnonzero(at_risk >= TAIL_AT_RISK)
         if cut.size and weights[cut[-1] + 1:].sum() > 0:
             i = int(cut[-1])
-            tail = _fitted_tail(values[:i + 1], weights[:i + 1], float(times[i]), km.cap_ref_s)
-            if tail is not None:
+            tail = fitted_tails(values[:i + 1], np.cumsum(weights[:i + 1])[None, :], float(times[i]), km.cap_ref_s)[0]
+            if np.isfinite(tail).all():
                 left = float(weights[i + 1:].sum())
                 values = np.concatenate((values[:i + 1], tail))
                 weights = np.concatenate((weights[:i + 1], np.full(tail.size, left / tail.size)))
                 beyond = float(everything.size - np.searchsorted(everything, times[i], side="right"))
                 counts = np.concatenate((counts[:i + 1], np.full(tail.size, max(beyond, 1.0) / tail.size)))
                 block = tail.size
+                cut_at = float(times[i])
         if not block and weights[-1] > 0 and values[-1] > seen:
             # else the mass of tasks running past every runtime seen lies beyond the longest
             # seen by the tail's mean excess (never past the cap), vouched for by those tasks
@@ -111,6 +116,7 @@ class RuntimeLaw:
         keep = weights > 0
         return cls(values[keep], weights[keep], kw.pop("mean_rel_se", 0.0), km.cap_ref_s, sample_size=n,
                    atom_counts=counts[keep], tail_atoms=int(keep[keep.size - block:].sum()) if block else 0,
+                   tail_cut_ref_s=cut_at,
                    tail_from_ref_s=seen if events.size else None, tail_excess_ref_s=excess, **kw)
 
     @classmethod
@@ -212,48 +218,6 @@ class RuntimeLaw:
         return np.exp(rng.standard_normal(replicates) * math.sqrt(s2) - s2 / 2)
 
 
-TAIL_AT_RISK = 10  # Kaplan-Meier is kept up to the last runtime this many tasks reached
-_TAIL_ATOMS = 32  # atoms the mass past the longest runtime seen is spread over
-_TAIL_FIT_FROM = 0.5  # the fitted lognormal is the upper part of the law from this quantile
-
-
-def _fitted_tail(values: np.ndarray, weights: np.ndarray, seen: float, cap: float) -> np.ndarray | None:
-    """Where the mass Kaplan-Meier cannot place well (past ``seen``, the last runtime
-    ``TAIL_AT_RISK`` tasks reached) lies: ``_TAIL_ATOMS`` equal-mass quantiles of a lognormal
-    conditioned on ``X > seen``, never past the cap (None when the law gives too little to
-    fit it). ``values``, ``weights``: the law up to ``seen`` (weights summing to its CDF).
-
-    The lognormal is fitted to the law's upper part (from its median to ``seen``) by least squares on its probability plot: ``log t`` against ``z`` at each step's
-    mid-probability. While the long tasks still run, the observed law is the body of the
-    distribution with its tail cut; putting the cut mass just past the longest seen made the
-    mean low (on lognormal(sigma 1.5) runtimes, 10% of the bag done, by 2.3% on average and
-    up to 11%, three standard errors of the bootstrap), and the promise with it."""
-    from statistics import NormalDist
-
-    cum = np.cumsum(weights)
-    mid = cum - weights / 2
-    use = (mid >= _TAIL_FIT_FROM) & (weights > 0) & (values > 0) & (mid < 1.0 - 1e-9)
-    if use.sum() < 5:
-        return None
-    nd = NormalDist()
-    z = np.array([nd.inv_cdf(float(p)) for p in mid[use]])
-    y, w = np.log(values[use]), weights[use]
-    zm, ym = float(w @ z / w.sum()), float(w @ y / w.sum())
-    szz = float(w @ (z - zm) ** 2)
-    if szz <= 0:
-        return None
-    sigma = float(w @ ((z - zm) * (y - ym))) / szz
-    if not sigma > 0:
-        return None
-    mu = ym - sigma * zm
-    p0 = nd.cdf((math.log(seen) - mu) / sigma)
-    if p0 >= 1.0 - 1e-12:
-        return None
-    probs = p0 + (1.0 - p0) * (np.arange(_TAIL_ATOMS) + 0.5) / _TAIL_ATOMS
-    tail = np.exp(mu + sigma * np.array([nd.inv_cdf(float(p)) for p in probs]))
-    return np.clip(tail, seen, cap)
-
-
 class _Replicas:
     """The runtime law of each replicate: shared atoms, per-replicate weights (R, A) from the
     Bayesian bootstrap (or the stated weights and a mean multiplier), and the replicate's
@@ -273,30 +237,33 @@ class _Replicas:
                 cb = float(c[-b:].sum())
                 g[:, -b:] = w[None, -b:] * (rng.standard_gamma(cb, size=R) / cb)[:, None]
             w_r = g / g.sum(axis=1, keepdims=True)
-            scale = _bootstrap_t_scale(v, w, w_r, law.sample_size)
+            vr = _refitted(v, w_r, b, law.tail_cut_ref_s, law.cap_ref_s)
+            scale = _bootstrap_t_scale(v, w, w_r, law.sample_size, vr)
             w = w_r
         else:
             w = np.broadcast_to(w, (R, v.size))
             scale = law.mean_multipliers(rng, R)
-        self.values = v
+            vr = np.broadcast_to(v, (R, v.size))
+        self.values = vr  # (R, A): the atoms, the fitted tail's per replicate
         self.scale = scale
-        base = w @ v
+        base = (w * vr).sum(axis=1)
         self.mean = scale * base
-        self.var = scale**2 * np.maximum(w @ (v * v) - base * base, 0.0)
+        self.var = scale**2 * np.maximum((w * vr * vr).sum(axis=1) - base * base, 0.0)
         self.cum = _row_cumsum(w)
-        self.cum_biased = _row_cumsum(w * v[None, :])
+        self.cum_biased = _row_cumsum(w * vr)
         self.ratio_to_law = self.mean / max(law.mean_ref_s, 1e-12)
 
     def draw(self, rng, k: int, unseen: bool = False) -> np.ndarray:
         """(R, k) runtimes; ``unseen``: from the predictive law of one new task (below)."""
-        x = np.minimum(self.values[_row_search(self.cum, rng.random((self.cum.shape[0], k)))] * self.scale[:, None],
+        x = np.minimum(np.take_along_axis(self.values, _row_search(self.cum, rng.random((self.cum.shape[0], k))), 1)
+                       * self.scale[:, None],
                        self.law.cap_ref_s)
         return self._unseen(rng, x) if unseen else x
 
     def draw_residual(self, rng, k: int) -> np.ndarray:
         """(R, k): the remaining work of a task caught part-way at a random moment (density
         S(x)/mu: a length-biased draw times a uniform)."""
-        x = self.values[_row_search(self.cum_biased, rng.random((self.cum.shape[0], k)))]
+        x = np.take_along_axis(self.values, _row_search(self.cum_biased, rng.random((self.cum.shape[0], k))), 1)
         return self._unseen(rng, np.minimum(x * self.scale[:, None], self.law.cap_ref_s)) * rng.random(x.shape)
 
     def _unseen(self, rng, x: np.ndarray) -> np.ndarray:
@@ -318,7 +285,20 @@ class _Replicas:
         return x
 
 
-def _bootstrap_t_scale(v, w, w_r, n: float) -> np.ndarray:
+def _refitted(v: np.ndarray, w_r: np.ndarray, b: int, cut: float | None, cap: float) -> np.ndarray:
+    """(R, A) atoms: the shared ones, the last ``b`` (a fitted tail) refitted on each
+    replicate's weights (the law's own where a replicate's fit fails)."""
+    R = w_r.shape[0]
+    vr = np.broadcast_to(v, (R, v.size))
+    if not b or cut is None:
+        return vr
+    tails = fitted_tails(v[:-b], np.cumsum(w_r[:, :-b], axis=1), cut, cap)
+    vr = vr.copy()
+    vr[:, -b:] = np.where(np.isfinite(tails), tails, v[None, -b:])
+    return vr
+
+
+def _bootstrap_t_scale(v, w, w_r, n: float, vr: np.ndarray | None = None) -> np.ndarray:
     """(R,) factors that move each replicate's mean to the bootstrap-t reading of it.
 
     The bootstrap mean ``m_r`` of a right-skewed sample is too rarely far above ``m``: a
@@ -332,8 +312,9 @@ def _bootstrap_t_scale(v, w, w_r, n: float) -> np.ndarray:
     s = math.sqrt(max(float(w @ (v * v)) - m * m, 0.0))
     if s <= 0 or m <= 0:
         return np.ones(w_r.shape[0])
-    m_r = w_r @ v
-    s_r = np.sqrt(np.maximum(w_r @ (v * v) - m_r * m_r, 1e-300))
+    vr = np.broadcast_to(v, w_r.shape) if vr is None else vr
+    m_r = (w_r * vr).sum(axis=1)
+    s_r = np.sqrt(np.maximum((w_r * vr * vr).sum(axis=1) - m_r * m_r, 1e-300))
     t = np.clip((m_r - m) / (s_r / math.sqrt(n)), -6.0, 6.0)
     mu = np.clip(m - t * s / math.sqrt(n), m / 5, 5 * m)
     return mu / m_r
