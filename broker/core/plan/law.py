@@ -6,14 +6,20 @@ or a lognormal of a stated mean and sd on quantile atoms. What is uncertain abou
 replicate of the forecast:
 
 - the mean and shape: a Bayesian bootstrap re-weighs the observed atoms (Dirichlet with
-  parameters weights x n), each replicate's mean moved to its bootstrap-t reading
-  ``mu_r = m - t_r s / sqrt(n)``, ``t_r = (m_r - m) / (s_r / sqrt(n))``;
+  parameters the runtimes behind each atom, below), each replicate's mean moved to its
+  bootstrap-t reading ``mu_r = m - t_r s / sqrt(n)``, ``t_r = (m_r - m) / (s_r / sqrt(n))``;
   for a stated law, a lognormal multiplier of mean 1 and relative sd ``mean_rel_se``;
 - the unseen tail: one new task outruns all ``n`` runtimes seen with probability
   ``1 / (n + 1)``; it then lies past the longest by an exponential of the top runtimes'
   mean excess (single tasks only: a sum's mean is unbiased without it);
-- the mass Kaplan-Meier leaves beyond the longest runtime seen (tasks still running past
-  every finished one) sits at the longest seen plus that mean excess, never past the cap;
+- the tail Kaplan-Meier cannot place (past the last runtime ``TAIL_AT_RISK`` tasks reached,
+  once ``TAIL_FIT_EVENTS`` have ended): a lognormal fitted to the law's upper part,
+  conditioned on the cut, refitted on each replicate's weights (``tailfit.py``); with
+  fewer runtimes, the mass of the tasks still running past every finished one sits at the
+  longest seen plus that mean excess, never past the cap;
+- the bootstrap weighs each atom by the runtimes behind it (an event time by the tasks that
+  ended there, the tail by the tasks that ran that long), not by ``weights x n``: under
+  censoring a long runtime stands for more mass than one n-th, and as sure as one;
 - a running task older than every runtime seen needs an exponential remainder of mean
   half its age (or the mean excess, if more), never past the cap.
 """
@@ -26,7 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .tailfit import TAIL_AT_RISK, fitted_tails
+from .tailfit import TAIL_AT_RISK, TAIL_FIT_EVENTS, fitted_tails
 
 _ATOMS = 4096  # quantile atoms of a parametric runtime law (the last at z = 3.7)
 _MAX_ATOMS = 1000  # atoms a replicate re-weighs ...
@@ -97,8 +103,10 @@ class RuntimeLaw:
         # the tasks that ran that long, refitted per replicate.
         block, cut_at = 0, None
         cut = np.flatnonzero(at_risk >= TAIL_AT_RISK)
-        if cut.size and weights[cut[-1] + 1:].sum() > 0:
-            i = int(cut[-1])
+        i = int(cut[-1]) if cut.size else -1
+        # only once the body is known well enough to fit (TAIL_FIT_EVENTS runtimes; fitted
+        # to the 30 runtimes of a first plan, it made the thesis LL promise 60% high)
+        if i >= 0 and km.events >= TAIL_FIT_EVENTS and weights[i + 1:].sum() > 0:
             tail = fitted_tails(values[:i + 1], np.cumsum(weights[:i + 1])[None, :], float(times[i]), km.cap_ref_s)[0]
             if np.isfinite(tail).all():
                 left = float(weights[i + 1:].sum())

@@ -23,8 +23,10 @@ import math
 import numpy as np
 
 TAIL_AT_RISK = 10  # Kaplan-Meier is kept up to the last runtime this many tasks reached
+TAIL_FIT_EVENTS = 200  # runtimes seen before a tail is fitted at all
 TAIL_ATOMS = 32  # atoms the mass past the cut is spread over
-FIT_FROM = 0.5  # the lognormal is fitted to the law from this quantile to the cut
+FIT_FROM = 0.5  # the lognormal is fitted to the law's upper part: from this quantile ...
+FIT_SKIP = 0.5  # ... moved this share of the way to the cut's, to the cut
 GRID = 24  # probabilities of the fit
 
 _Z = np.linspace(-3.0, 12.0, 6001)
@@ -43,7 +45,8 @@ def fitted_tails(values: np.ndarray, cum: np.ndarray, cut: float, cap: float) ->
     R, H = cum.shape
     F = cum[:, -1]
     frac = (np.arange(GRID) + 0.5) / GRID
-    p = FIT_FROM + (F[:, None] - FIT_FROM) * frac[None, :]
+    start = FIT_FROM + FIT_SKIP * (F - FIT_FROM)
+    p = start[:, None] + (F - start)[:, None] * frac[None, :]
     offset = 2.0 * np.arange(R, dtype=float)[:, None]
     idx = np.searchsorted((cum + offset).ravel(), (p + offset).ravel(), side="left").reshape(R, GRID)
     idx = np.clip(idx - (np.arange(R) * H)[:, None], 0, H - 1)
@@ -57,5 +60,6 @@ def fitted_tails(values: np.ndarray, cum: np.ndarray, cut: float, cap: float) ->
     mu = y.mean(axis=1) - sigma * z.mean(axis=1)
     log_s0 = np.interp((math.log(cut) - mu) / sigma, _Z, _LOG_S)
     k = np.log1p(-(np.arange(TAIL_ATOMS) + 0.5) / TAIL_ATOMS)
-    tail = np.exp(mu[:, None] + sigma[:, None] * _z_of_log_survival(log_s0[:, None] + k[None, :]))
+    log_tail = mu[:, None] + sigma[:, None] * _z_of_log_survival(log_s0[:, None] + k[None, :])
+    tail = np.exp(np.minimum(log_tail, math.log(cap) + 1.0))
     return np.where(ok[:, None], np.clip(tail, cut, cap), np.nan)
