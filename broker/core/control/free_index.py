@@ -43,6 +43,16 @@ class FreeIndex:
 
     def put(self, view: NodeView) -> None:
         """``view`` is the node's current view, and the node has a free slot."""
+        old = self._views.get(view.id)
+        if old is not None and old.speed == view.speed and old.release_at_s == view.release_at_s \
+                and old.is_private == view.is_private:
+            # Same place in the index (most updates: a task started or ended on a node
+            # that stays free): only the view changes, not the groups.
+            self.version += 1
+            self._views[view.id] = view
+            if view.id in self._open:
+                self._open[view.id] = view
+            return
         self.drop(view.id)
         self.version += 1
         self._views[view.id] = view
