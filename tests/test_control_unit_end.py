@@ -65,8 +65,9 @@ def test_a_planned_unit_the_fleet_does_not_need_is_given_back_at_its_last_moment
 
 
 def test_a_planned_unit_is_kept_when_its_boundary_is_not_yet_near():
-    # 3,300 s: another decision comes before the last moment; nothing is decided early
-    d = decide(_two_planned_a_second_hour(3300.0), memory=planned_memory(3300.0))
+    # 2,400 s: the last moment (3,480 s) is more than a decision and a long task (about 760 s)
+    # away; nothing is decided early
+    d = decide(_two_planned_a_second_hour(2400.0), memory=planned_memory(2400.0))
     assert not any(at < 7000.0 for at, _ in releases(d).values())
 
 
@@ -99,3 +100,16 @@ def test_bats_s14_cheapest_buys_no_unit_the_bags_end_does_not_need(seed):
     assert r.tasks_done == r.tasks_total
     units = round(r.cost_usd / 3.0)
     assert units <= math.ceil(work_ref_s / (4 * 3600.0)) + 3, (seed, units, work_ref_s / 3600.0)
+
+
+
+def test_a_planned_unit_is_kept_when_giving_it_back_would_move_the_bags_end():
+    # one instance planned a second hour (to 7,080 s), the other leaving at 3,480 s, and a
+    # private node: eight tasks of about 500 ref-s. The private node alone would finish them by
+    # the 4 h deadline, not by the fleet's scheduled end; giving the hour back would only move
+    # the bag's end (the private node is paid to it, and thesis LM20 at 1VM4All's 18.85 h: the
+    # hour given back at 2 h was bought back on the other instance at 17 h, +0.63 h of the xeon)
+    nodes = [node("i-1", release_at_s=7200.0 - MARGIN_S), node("i-2"), node("own", private=True)]
+    snap = snapshot(now_s=3450.0, nodes=nodes, pending=8, observations=observations(60, 500.0))
+    d = decide(snap, memory=planned_memory(3450.0))
+    assert releases(d).get("i-1", (7080.0,))[0] > 7000.0

@@ -106,9 +106,12 @@ def shed_before_boundary(ctl: Controller, snap: Snapshot, memory: Memory, now: f
     """Rule "a planned unit is checked at the last moment it can still be given back".
 
     An instance scheduled past its paid time (a later unit planned) whose last moment to be
-    released without that unit (paid-until less the margin) comes before the next decision:
-    if the fleet without that unit still finishes the work's upper value, (1 + h) x it, by
-    the deadline (``shed``'s capacity test), it is released then. Only such an instance, and
+    released without that unit (paid-until less the margin) comes before the next decision
+    and a long task (mean + fit_z sd) on it (so that a task it runs can still end first): if
+    the fleet without that unit still finishes the work's upper value, (1 + h) x it, by the
+    fleet's scheduled end (the latest release, or the deadline if sooner: a unit given back
+    must not move the bag's end, which private nodes are paid to and which the rest would buy
+    back) (``shed``'s capacity test), it is released then. Only such an instance, and
     only shortened: no re-plan (a full re-plan at every boundary reshaped the fleet among
     equal-cost plans, and each reshaping left more instances' ends half-used). A unit planned
     early on a wide upper value is otherwise bought on that old value whenever the regular
@@ -118,13 +121,17 @@ def shed_before_boundary(ctl: Controller, snap: Snapshot, memory: Memory, now: f
     four hours paid ($204, 68 units)."""
     if ctl.goal.kind == GoalKind.BUDGET or memory.deadline_at_s is None:
         return
-    margin, horizon = ctl.config.margin_s, now + ctl.config.tick_s
+    margin, task_ref_s = ctl.config.margin_s, rem.mean_ref_s + ctl.config.fit_z * rem.sd_ref_s
     due = {n.id for n in snap.nodes
            if not n.is_private and not n.lost and n.paid_until_s is not None and n.release_at_s is not None
-           and n.release_at_s > n.paid_until_s + 1.0 and now - 1e-6 <= n.paid_until_s - margin < horizon}
+           and n.release_at_s > n.paid_until_s + 1.0
+           and now - 1e-6 <= n.paid_until_s - margin < now + ctl.config.tick_s + task_ref_s / n.speed}
     if not due:
         return
-    trial = shed(ctl, snap, memory, now, rem, hysteresis_band(ctl, rem), only=due)
+    scheduled_end = max((n.release_at_s for n in snap.nodes if not n.is_private and not n.lost
+                         and n.release_at_s is not None), default=memory.deadline_at_s)
+    trial = shed(ctl, snap, memory, now, rem, hysteresis_band(ctl, rem), only=due,
+                 end=min(memory.deadline_at_s, scheduled_end))
     for nid, at in sorted(trial.items()):
         s.actions.append(ScheduleRelease(nid, at, ReleaseCause.SURPLUS_AT_BILLING_BOUNDARY))
         s.release[nid] = at
@@ -221,7 +228,7 @@ def hysteresis_band(ctl: Controller, rem: RemainingWork) -> float:
 
 # -- shedding -----------------------------------------------------------------------------
 def shed(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork, h: float,
-         only: set | None = None) -> dict[str, float]:
+         only: set | None = None, end: float | None = None) -> dict[str, float]:
     """Releases to pull in, while the fleet still finishes the work's upper value by the
     deadline (the status-quo capacity test): the instance due to leave first is pulled in
     quantum by quantum as far as it goes, then the next. Concentrating the cut on few
@@ -234,7 +241,7 @@ def shed(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: Remai
     need = replace(rem, upper_ref_s=rem.upper_ref_s * (1.0 + h))
     if status_quo(ctl, snap, memory, now, need) is None:
         return {}  # the fleet as scheduled does not even hold the work's upper value
-    end = memory.deadline_at_s
+    end = memory.deadline_at_s if end is None else end
     # The status-quo capacity test, kept incrementally: one instance's release changes
     # its own term only (a fleet of 200 would otherwise cost 200 terms per quantum).
     total = sum(capacity_term(ctl, n, now, end, need, n.release_at_s) for n in snap.nodes if not n.lost)
