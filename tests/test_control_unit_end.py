@@ -18,7 +18,7 @@ import math
 from dataclasses import replace
 
 import pytest
-from builders import MARGIN_S, decide, node, observations, planned_memory, pool, releases, running, snapshot
+from builders import MARGIN_S, decide, launches, node, observations, planned_memory, pool, releases, running, snapshot
 
 from broker.core.billing import Billing
 from broker.core.control.controller import Controller, ControllerConfig
@@ -113,3 +113,19 @@ def test_a_planned_unit_is_kept_when_giving_it_back_would_move_the_bags_end():
     snap = snapshot(now_s=3450.0, nodes=nodes, pending=8, observations=observations(60, 500.0))
     d = decide(snap, memory=planned_memory(3450.0))
     assert releases(d).get("i-1", (7080.0,))[0] > 7000.0
+
+
+# -- within the last billing unit before the deadline, a launch is not held back ----------------
+def test_a_launch_within_the_last_unit_before_the_deadline_is_not_held_back():
+    # 40 min before the deadline, two speed-1 instances paid to it (released 2 min before);
+    # ten tasks of about 500 ref-s pending (5,000 ref-s against their 4,560 s): the plan buys one
+    # more instance. A plan for 20% less work would not, and the launch was held back; a later
+    # re-plan can only buy the same hour for less of the time left.
+    from broker.core.plan import Plan
+
+    nodes = [node(f"i-{k}", launched_at_s=10800.0) for k in (1, 2)]
+    snap = snapshot(now_s=12000.0, nodes=nodes, pending=pool([(f"p{k}", 500.0) for k in range(10)]),
+                    observations=observations(60, 500.0))
+    memory = planned_memory(12000.0, 14400.0, last_plan_at_s=11000.0, planned_makespan_s=14400.0,
+                            last_plan=Plan(makespan_s=2000.0, cost_usd=1.0, fleet={"m": 2}))
+    assert launches(decide(snap, goal=Goal("deadline", 14400.0), memory=memory)) == {"m": 1}
