@@ -17,7 +17,7 @@ from ..plan.types import Extension
 from .actions import Launch, ScheduleRelease, StopForBudget
 from .budget import affordable, affordable_extension, budget_guard, budget_left, cheapest_unit
 from .causes import GoalKind, LaunchCause, ReleaseCause
-from .estimates import RemainingWork, mean_estimate
+from .estimates import RemainingWork, _residual_mean, mean_estimate
 from .planning import PlanResult
 from .promises import hold_first_deadline, update_promise
 from .replan import drifted, resolve_goal, solve
@@ -41,6 +41,7 @@ def plan_and_fleet(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
         and (drifted(ctl, snap, memory, now, rem) or budget_still_learning(ctl, rem))
     )
     if not due:
+        shed_before_boundary(ctl, snap, memory, now, rem, s)
         return memory
     if memory.budget_stopped and budget_left(ctl, snap, s, now) < cheapest_unit(snap):
         return memory  # nothing more can be bought; dispatch goes on with what is paid
@@ -100,6 +101,42 @@ def budget_still_learning(ctl: Controller, rem: RemainingWork) -> bool:
         rem.upper_ref_s - rem.point_ref_s) / rem.point_ref_s > ctl.config.hysteresis
 
 
+def shed_before_boundary(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork,
+                         s: Scratch) -> None:
+    """Rule "a planned unit is checked at the last moment it can still be given back".
+
+    An instance scheduled past its paid time (a later unit planned) whose last moment to be
+    released without that unit (paid-until less the margin) comes before the next decision
+    and a long task (mean + fit_z sd) on it (so that a task it runs can still end first): if
+    the fleet without that unit still finishes the work's upper value, (1 + h) x it, by the
+    fleet's scheduled end (the latest release, or the deadline if sooner: a unit given back
+    must not move the bag's end, which private nodes are paid to and which the rest would buy
+    back) (``shed``'s capacity test), it is released then. Only such an instance, and
+    only shortened: no re-plan (a full re-plan at every boundary reshaped the fleet among
+    equal-cost plans, and each reshaping left more instances' ends half-used). A unit planned
+    early on a wide upper value is otherwise bought on that old value whenever the regular
+    re-plan (every 15 min) falls after the boundary. What it buys: BaTS S1-4, seed 3 (1,000
+    tasks, 32 machines at 4x, no goal): four instances planned a third hour at 60 and 105 min;
+    the next re-plan, at 120 min, found 13 tasks left (4.2 ref-h, two instances' hour) with all
+    four hours paid ($204, 68 units)."""
+    if ctl.goal.kind == GoalKind.BUDGET or memory.deadline_at_s is None:
+        return
+    margin, task_ref_s = ctl.config.margin_s, rem.mean_ref_s + ctl.config.fit_z * rem.sd_ref_s
+    due = {n.id for n in snap.nodes
+           if not n.is_private and not n.lost and n.paid_until_s is not None and n.release_at_s is not None
+           and n.release_at_s > n.paid_until_s + 1.0
+           and now - 1e-6 <= n.paid_until_s - margin < now + ctl.config.tick_s + task_ref_s / n.speed}
+    if not due:
+        return
+    scheduled_end = max((n.release_at_s for n in snap.nodes if not n.is_private and not n.lost
+                         and n.release_at_s is not None), default=memory.deadline_at_s)
+    trial = shed(ctl, snap, memory, now, rem, hysteresis_band(ctl, rem), only=due,
+                 end=min(memory.deadline_at_s, scheduled_end))
+    for nid, at in sorted(trial.items()):
+        s.actions.append(ScheduleRelease(nid, at, ReleaseCause.SURPLUS_AT_BILLING_BOUNDARY))
+        s.release[nid] = at
+
+
 # -- hysteresis ---------------------------------------------------------------------------
 def with_hysteresis(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork,
                     result: PlanResult) -> PlanResult:
@@ -129,13 +166,33 @@ def with_hysteresis(ctl: Controller, snap: Snapshot, memory: Memory, now: float,
         # Scale up only if a plan for less work would scale up too. Which types it
         # picks may differ (equally efficient types tie), so only whether is compared.
         low = solve(ctl, snap, memory, now, rem, scale=1.0 - ctl.config.hysteresis).plan
-        if low is not None and not low.new:
+        if low is not None and not low.new and not launch_cannot_wait(ctl, snap, memory, now, plan):
             new = ()
     if not budget_moves_at_once(ctl, replace(plan, new=new)):
         existing = _hold_shortenings(ctl, snap, memory, now, rem, h, existing, by_id)
     if new == plan.new and existing == plan.existing:
         return result
     return replace(result, plan=replace(plan, new=new, existing=existing))
+
+
+def launch_cannot_wait(ctl: Controller, snap: Snapshot, memory: Memory, now: float, plan) -> bool:
+    """Rule "within the last billing unit before the deadline, a launch is not held back".
+
+    A launch is kept only if a plan for W (1 - h) launches too (against buying on noise). But
+    when the user's deadline is less than one billing unit of every type the plan launches
+    away, the unit bought now is the only one such an instance will have, and a launch held
+    to a later re-plan buys the same unit for less of the time left: the plan that then
+    finds it needed buys more instances, or faster and dearer ones. What it buys: thesis LM20
+    (2,000 tasks, estimates within 10%) at the knee deadline 5.03 h, seed 1: from 240 min one
+    c1.medium for an hour ($0.165) was held back five times; at 286 and 291 min the plan
+    needed 3 c1.medium and 2 c1.xlarge ($1.70): $20.54, 1.10x the fluid bound; with this rule
+    one c1.medium at 255 min, $18.86 (1.013x). Its price: a launch the hedge alone asked for is
+    bought too (BaTS S1-4 at List's 1.98 h: $243 -> $258, a MISS either way; the quick league's
+    goal lines: 88 -> 89 of 127 PASS, none from PASS to MISS)."""
+    end = memory.deadline_at_s
+    if ctl.goal.kind != GoalKind.DEADLINE or end is None or end <= now:
+        return False
+    return all(snap.types[g.type_name].billing.unit_s >= end - now for g in plan.new)
 
 
 def _shed_only(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork, h: float,
@@ -190,7 +247,8 @@ def hysteresis_band(ctl: Controller, rem: RemainingWork) -> float:
 
 
 # -- shedding -----------------------------------------------------------------------------
-def shed(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork, h: float) -> dict[str, float]:
+def shed(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork, h: float,
+         only: set | None = None, end: float | None = None) -> dict[str, float]:
     """Releases to pull in, while the fleet still finishes the work's upper value by the
     deadline (the status-quo capacity test): the instance due to leave first is pulled in
     quantum by quantum as far as it goes, then the next. Concentrating the cut on few
@@ -203,7 +261,7 @@ def shed(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: Remai
     need = replace(rem, upper_ref_s=rem.upper_ref_s * (1.0 + h))
     if status_quo(ctl, snap, memory, now, need) is None:
         return {}  # the fleet as scheduled does not even hold the work's upper value
-    end = memory.deadline_at_s
+    end = memory.deadline_at_s if end is None else end
     # The status-quo capacity test, kept incrementally: one instance's release changes
     # its own term only (a fleet of 200 would otherwise cost 200 terms per quantum).
     total = sum(capacity_term(ctl, n, now, end, need, n.release_at_s) for n in snap.nodes if not n.lost)
@@ -213,6 +271,8 @@ def shed(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: Remai
                    and n.launched_at_s is not None and n.release_at_s > now),
                   key=lambda n: (n.release_at_s, n.id))
     for n in live:
+        if only is not None and n.id not in only:
+            continue
         t = snap.types[n.type_name]
         q = planning_quantum_s(t.billing, ctl.planner.options)
         floor = max(now, (n.paid_until_s if n.paid_until_s is not None else now) - margin)
@@ -240,7 +300,32 @@ def capacity_term(ctl: Controller, n: NodeView, now: float, end: float, rem: Rem
     start = max(now, n.ready_at_s or now)
     allowance = ctl.planner.options.allowance_s(n.speed, rem.mean_ref_s, rem.sd_ref_s)
     stop = end if n.is_private else min(end, release_at_s if release_at_s is not None else end)
-    return n.slots * n.speed * max(0.0, stop - start - allowance)
+    return max(n.slots * n.speed * max(0.0, stop - start - allowance), running_work_finished(n, now, stop, rem))
+
+
+def running_work_finished(n: NodeView, now: float, stop: float, rem: RemainingWork) -> float:
+    """Rule "a node about to leave still finishes what it runs".
+
+    The reference seconds of ``n``'s running tasks expected to end before ``stop`` (each at its
+    expected residual, as ``remaining_work`` counts it). The remaining work counts those
+    residuals, but the packing allowance (half a task a slot, more than the few minutes an
+    instance has left before its release) credited the node with no capacity at all: at a
+    bag's end the capacity test then found the instances planned for another unit unable to
+    shed, although the leaving ones were finishing the work the test charged them. What it
+    buys: BaTS S1-4 (1,000 tasks, 32 machines at 4x, no goal), 115 min: 6 tasks pending, 24
+    running on 30 instances leaving at 118 min; of the two planned for a third hour one could
+    go (one finishes the rest in 11 min) but the test counted 0 for the thirty and kept both
+    ($198, 66 units; with this rule and ``last_chance_to_shorten``, $195)."""
+    done = 0.0
+    for r in n.running:
+        elapsed = max(0.0, now - r.started_at_s) * n.speed
+        if r.estimate_ref_s is not None:
+            left = max(r.estimate_ref_s * rem.estimate_ratio - elapsed, 0.05 * r.estimate_ref_s)
+        else:
+            left = _residual_mean(rem.mean_ref_s, rem.sd_ref_s, elapsed)
+        if now + left / n.speed <= stop:
+            done += left
+    return done
 
 
 def status_quo(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork) -> float | None:
@@ -323,13 +408,31 @@ def _apply_releases(ctl: Controller, snap: Snapshot, memory: Memory, now: float,
                 shorten.pop(node.id, None)  # its running tasks would be killed: keep it
                 continue
             first = shorten.get(node.id, now)  # when this surplus was first proposed
-            if now - first >= ctl.config.scale_down_after_s - 1e-9 or funds_launches:
+            if now - first >= ctl.config.scale_down_after_s - 1e-9 or funds_launches \
+                    or last_chance_to_shorten(ctl, node, target, first):
                 s.actions.append(ScheduleRelease(node.id, target, ReleaseCause.SURPLUS_AT_BILLING_BOUNDARY))
                 s.release[node.id] = target
                 shorten.pop(node.id, None)
             else:
                 shorten[node.id] = first
     return shorten
+
+
+def last_chance_to_shorten(ctl: Controller, node: NodeView, target: float, first: float) -> bool:
+    """Rule "the last chance to give a unit back is not held by the persistence wait".
+
+    A shortening waits for its surplus to persist ``scale_down_after_s`` (against a fleet that
+    flaps). But when its release falls before the instance's paid boundary and before the
+    wait would end (``first`` proposed + ``scale_down_after_s``), the wait cannot end in time:
+    past the boundary the next unit is paid, and the plan keeps the instance because it then
+    costs nothing more. The
+    wait then buys the very unit the shortening gives back. The noise guard stays: the
+    shortening already survived a plan for W (1 + h) (``_hold_shortenings``). What it buys:
+    BaTS S1-4 (1,000 tasks, 32 machines at 4x, no goal): the re-plan at 115 min shed the second
+    of two instances planned for a third hour, 5 minutes before its 120 min boundary, and the
+    wait bought that hour anyway ($198 delivered, 66 units; with this rule $195, 65 units)."""
+    paid = node.paid_until_s
+    return paid is not None and target < paid - 1e-6 and target < first + ctl.config.scale_down_after_s
 
 
 def budget_moves_at_once(ctl: Controller, plan) -> bool:
