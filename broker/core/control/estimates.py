@@ -46,6 +46,9 @@ class RemainingWork:
     pending: int
     running: int
     estimate_ratio: float
+    # Of upper - point: z x the correction ratio's error over the tasks with estimates, which
+    # the promise's forecast draws itself (``ratio_rel_se``), so the promise's band leaves it out.
+    ratio_upper_ref_s: float = 0.0
 
 
 def mean_estimate(snap: Snapshot, observed_mean_ref_s: float | None = None) -> float | None:
@@ -136,15 +139,16 @@ def remaining_work(snap: Snapshot, z: float = 1.645) -> RemainingWork | None:
     # Tasks with estimates: their error is the estimates' relative error (actual/estimate),
     # shared through the correction ratio, plus each task's own error in quadrature.
     known = pool.known_total_ref_s * ratio
-    known_err = 0.0
+    known_err = shared_err = 0.0
     if known > 0:
         r_sd = obs.ratio_sd()
         k = max(obs.count_with_estimate, 1)
         n_k = max(len(pool) - n_u, 1)
-        known_err = known * r_sd / math.sqrt(k + PRIOR_WEIGHT) + known * r_sd / math.sqrt(n_k)
+        shared_err = known * r_sd / math.sqrt(k + PRIOR_WEIGHT)
+        known_err = shared_err + known * r_sd / math.sqrt(n_k)
     upper = point + z * (unknown_err + known_err)
     n_p = len(pool)
-    return RemainingWork(point, upper, mu, sd, n_p, n_running, ratio)
+    return RemainingWork(point, upper, mu, sd, n_p, n_running, ratio, z * shared_err)
 
 
 def _residual_mean(mu: float, sd: float, elapsed: float) -> float:

@@ -112,13 +112,23 @@ def update_promise(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
     told = _after_give_backs(ctl, snap, memory, now, rem, s, launches, f, reps)
     why = ("first plan" if memory.first_promise is None else f"re-plan ({cause or 'replan'})") + (
         f": {rem.pending} tasks pending, {rem.running} running, {rem.point_ref_s:.4g} ref-s of work left")
-    band = (rem.upper_ref_s - rem.point_ref_s) / max(rem.point_ref_s, 1e-9)
+    band = promise_band(rem)
     promise = told.promise(conf, why, tolerance=min(ctl.config.hysteresis, max(ctl.config.hysteresis_min, band)))
     memory = replace(memory, promise=promise, promise_at_s=now,
                      first_promise=memory.first_promise if memory.first_promise is not None else promise)
     if ctl.goal.kind == "deadline" and memory.deadline_at_s is not None:
         memory = _adjust_allowance(ctl, snap, memory, now, f, s)
     return memory
+
+
+def promise_band(rem: RemainingWork) -> float:
+    """The work's relative band the promise widens its interval by (before the hysteresis
+    bounds): (upper - point) / point less the correction ratio's share, which the forecast
+    draws in every replicate (``RuntimeLaw.ratio_rel_se``, the same s_r / sqrt(k + prior
+    weight)). Counted in both, it made the first promise of a bag with estimates twice as
+    wide as its uncertainty: LM, 10,000 tasks with estimates within 10%, 18.7% in cost and
+    12.4% in time, 4.7% on each side of either the band added again."""
+    return (rem.upper_ref_s - rem.point_ref_s - rem.ratio_upper_ref_s) / max(rem.point_ref_s, 1e-9)
 
 
 GIVE_BACK_ROUNDS = 8  # the controller's give-backs a promise looks ahead (each halves the slack)
