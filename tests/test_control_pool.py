@@ -172,3 +172,32 @@ def test_a_pool_changed_under_the_same_taken_set_is_scanned_afresh():
     unknown.add("v")
     assert unknown.largest_fitting(9.0, 1.0, taken) == ("v", 1.0)
     assert unknown.smallest(1.0, taken | {"v"}) == ("x", 1.0)
+
+
+@given(estimates, st.floats(0, 1200, allow_nan=False), st.floats(0.1, 1000, allow_nan=False), st.integers(0, 8),
+       st.data())
+@settings(max_examples=300)
+def test_take_largest_is_largest_fitting_repeated(ests, limit, mean, k, data):
+    """A node's slots share one limit: one call hands out what one call a slot would, in the
+    same order, ties included (dispatch's picks, and so every simulation, stay identical)."""
+    ids = [f"t{i}" for i in range(len(ests))]
+    before = set(data.draw(st.lists(st.sampled_from(ids or ["x"]), max_size=5)))
+    one, batch = TaskPool(), TaskPool()
+    for i, e in enumerate(ests):
+        one.add(ids[i], e)
+        batch.add(ids[i], e)
+    taken_one, taken_batch = set(before), set(before)
+    # an earlier node's picks in the same decision leave jumps behind in both pools
+    for pool, taken in ((one, taken_one), (batch, taken_batch)):
+        first = pool.largest_fitting(limit, mean, taken)
+        if first is not None:
+            taken.add(first[0])
+    expected = []
+    for _ in range(k):
+        pick = one.largest_fitting(limit, mean, taken_one)
+        if pick is None:
+            break
+        taken_one.add(pick[0])
+        expected.append(pick)
+    assert batch.take_largest(limit, mean, taken_batch, k) == expected
+    assert taken_batch == taken_one

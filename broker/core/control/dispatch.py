@@ -273,14 +273,12 @@ def _fill_node(pending, node: NodeView, slots: list[int], limit_ref: float, size
     """``_fill``'s loop for one node of the broker's policy where no spot rule applies: each
     slot takes the largest pending task that fits; the first that finds none leaves the
     node's other slots idle too (they would find none either)."""
-    taken, actions, largest = s.taken, s.actions, pending.largest_fitting
-    for k, slot in enumerate(slots):
-        pick = largest(limit_ref, size_ref, taken)
-        if pick is None:
-            idle_slots.extend((node, other, limit_ref) for other in slots[k:])
-            return
-        taken.add(pick[0])
-        actions.append(Assign(pick[0], SlotRef(node.id, slot), 1, WorkCause.DISPATCH))
+    picks = pending.take_largest(limit_ref, size_ref, s.taken, len(slots))
+    actions, node_id = s.actions, node.id
+    for slot, (task_id, _) in zip(slots, picks):
+        actions.append(Assign(task_id, SlotRef(node_id, slot), 1, WorkCause.DISPATCH))
+    if len(picks) < len(slots):
+        idle_slots.extend((node, other, limit_ref) for other in slots[len(picks):])
 
 
 class SpotSlots:

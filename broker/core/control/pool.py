@@ -163,6 +163,30 @@ class TaskPool:
                 return (self._unknown[j], mean_ref_s)
         return best
 
+    def take_largest(self, limit_ref_s: float, mean_ref_s: float, taken: set[str], k: int) -> list[tuple[str, float]]:
+        """Up to ``k`` picks, each the one :meth:`largest_fitting` would return with the picks
+        before it added to ``taken`` (this adds them): one call for a node's free slots, which
+        share one limit, instead of one a slot (a 500-task decision makes 500 picks)."""
+        if self._memo_taken is not taken:
+            self._jumps(taken)
+        known, unknown, out = self._known, self._unknown, []
+        i = bisect.bisect_right(known, (limit_ref_s, "\U0010ffff")) - 1 if known else -1
+        j = len(unknown) - 1 if unknown and mean_ref_s <= limit_ref_s else -1
+        while len(out) < k:
+            if i >= 0:
+                i = _free_below(known, i, taken, self._down_known, True)
+            if j >= 0 and (unknown[j] in taken or j in self._down_unknown):
+                j = _free_below(unknown, j, taken, self._down_unknown, False)
+            if j >= 0 and (i < 0 or mean_ref_s >= known[i][0]):
+                tid, est, j = unknown[j], mean_ref_s, j - 1
+            elif i >= 0:
+                (est, tid), i = known[i], i - 1
+            else:
+                break
+            taken.add(tid)
+            out.append((tid, est))
+        return out
+
     def smallest(self, mean_ref_s: float, taken: set[str] | frozenset[str] = frozenset()) -> tuple[str, float] | None:
         _, up_known, down_unknown = self._jumps(taken)
         i = _free_above(self._known, 0, taken, up_known)
