@@ -1,12 +1,13 @@
-"""Rule "the deadline's hold waits for the runtimes the next re-plan brings" (promises.defer_hold).
+"""Rule "a hold that the young law pulls far in waits for the runtimes the next re-plan brings"
+(promises.defer_hold).
 
 A bag without estimates and without a prior mean (the thesis's LM, 2,000 tasks) on the thesis
 catalogue: the broker samples 30 runtimes on the private node and then makes its first plan,
 on a law whose mean is still known only to about +-50%. Held at 90% on that law, the deadline
 at FirstFit's makespan (3.39 h) looked unreachable and the first plan bought all 80 instances
-of every type for 2 h ($30.91, FirstFit $27.49). Now the plan waits for the hold until the
-band narrows: the point value's cheapest plan on the efficient types, the hold made a re-plan
-later on hundreds of runtimes.
+of every type for 2 h ($30.91, FirstFit $27.49): its horizon was pulled in to 28 minutes of
+the 2.34 h left. Now such a hold waits while the band is wide: the deadline is held at the
+median meanwhile, and the hold at 90% is made a re-plan later on hundreds of runtimes.
 """
 
 from __future__ import annotations
@@ -65,3 +66,12 @@ def test_the_hold_does_not_wait_when_the_work_is_known_to_its_hysteresis():
     sim, r = run(5 * 3600.0, error=0.1)
     assert sim.memory.hold_waits == 0 and not sim.memory.hold_pending
     assert r.tasks_done == 2000 and r.makespan_s <= 5 * 3600.0
+
+
+def test_a_hold_that_pulls_in_less_than_half_the_time_left_is_made_at_once():
+    """At the front's knee (5.11 h) the young law's hold pulls the horizon in by 1.45 h of
+    the 4.06 h left: held at once, as before (waiting there too cost the promises their
+    coverage, see promises.defer_hold)."""
+    sim, r = run(18410.9)
+    assert sim.memory.hold_waits == 0 and not sim.memory.hold_pending
+    assert r.tasks_done == 2000 and r.makespan_s <= 18410.9
