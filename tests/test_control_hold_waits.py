@@ -68,9 +68,9 @@ def test_the_hold_does_not_wait_when_the_work_is_known_to_its_hysteresis():
     assert r.tasks_done == 2000 and r.makespan_s <= 5 * 3600.0
 
 
-def test_a_hold_that_pulls_in_less_than_half_the_time_left_is_made_at_once():
+def test_a_hold_that_pulls_in_less_than_three_quarters_of_the_time_left_is_made_at_once():
     """With a loose deadline (10 h for work the efficient machines do in about 1.1 h) the
-    young law's hold pulls the horizon in by less than half the time left: it is made at
+    young law's hold pulls the horizon in by less than 75% of the time left: it is made at
     once, as before (waiting on every young law cost bench/promises.py's promises their
     makespan coverage, see promises.defer_hold)."""
     sim, r = run(36000.0)

@@ -95,7 +95,7 @@ def hold_first_deadline(ctl: Controller, snap: Snapshot, memory: Memory, now: fl
 
 
 HOLD_WAITS = 4  # re-plans the first plan's hold may wait for the runtimes' law to firm up
-FAR_PULL = 0.5  # of the time left: a hold that pulls the horizon in further may wait (defer_hold)
+FAR_PULL = 0.75  # of the time left: a hold that pulls its horizon in further may wait (defer_hold)
 
 
 def defer_hold(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork,
@@ -103,7 +103,7 @@ def defer_hold(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem:
     """Rule "a hold that the young law pulls far in waits for the runtimes the next re-plan brings".
 
     Called when the hold at the confidence (``hold_deadline``) holds the deadline only with a
-    horizon pulled in by more than ``FAR_PULL`` of the time left, or not at all: the first
+    horizon pulled in by more than ``FAR_PULL`` (75%) of the time left, or not at all: the first
     plan would then buy nearly the fastest fleet at once. While the remaining work's band,
     (upper - point) / point, is wider than ``hysteresis`` (20%: right after sampling 30
     runtimes of a bag without estimates it is 50% and more), that verdict is mostly the error
@@ -121,12 +121,13 @@ def defer_hold(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem:
     allowance alone. The promise keeps the full uncertainty of the fleet as bought; its
     median meets the deadline. What it buys (bench/league.py --quick, seed 1): LM20 without
     estimates at FirstFit's makespan $30.91 -> $22.85 (FirstFit $27.49), 80 instances -> 17;
-    over seeds 1-6 at 0.6, 0.74, 0.8 and 1.0 x the knee's deadline, LM20 without estimates
-    1.69/1.60/1.57/1.51 -> 1.69/1.52/1.49/1.16 x the fluid bound on average, the heavy tail
-    1.46/1.32/1.29/1.21 -> 1.39/1.26/1.26/1.21, every deadline met as before. (Waiting
-    whenever the band is wide saved a little more, but the promises of ``bench/promises.py``
-    then held the makespan in 70-80% of logn-1 and bimodal runs at 10% done, against
-    90-100%, and the heavy tail at RR's makespan cost 1.11x RR.) None: hold now."""
+    over seeds 1-6 at 1.0, 0.8, 0.74 and 0.6 x the knee's deadline, LM20 without estimates
+    1.58/1.58/1.60/1.64 -> 1.29/1.44/1.48/1.64 x the fluid bound on average, the heavy tail
+    1.21/1.25/1.36/1.43 -> 1.21/1.26/1.34/1.42, every deadline met as before. ``FAR_PULL``
+    is 0.75: waiting whenever the band is wide, or from a pull of half the time left, made
+    the first promise of bench/promises.py's thesis LL bag miss the delivered makespan in 2
+    of 10 runs (none before), and waiting on every wide band held the makespan in 70-80% of
+    logn-1 and bimodal runs at 10% done (90-100% before). None: hold now."""
     if not ctl.config.hedge_later or rem.point_ref_s <= 0 or memory.hold_waits >= HOLD_WAITS:
         return None
     if (rem.upper_ref_s - rem.point_ref_s) / rem.point_ref_s <= ctl.config.hysteresis:
