@@ -119,8 +119,9 @@ def defer_hold(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem:
     again at the next re-plan (at most ``HOLD_WAITS`` times in a row), on the runtimes seen
     by then, and carried out as solved; until then the promise's refreshes leave the
     allowance alone. The promise keeps the full uncertainty of the fleet as bought; its
-    median meets the deadline. What it buys (bench/league.py --quick, seed 1): LM20 without
-    estimates at FirstFit's makespan $30.91 -> $22.85 (FirstFit $27.49), 80 instances -> 17;
+    median meets the deadline. What it buys (bench/league.py --quick, seed 1, on main at
+    a6cafe8): LM20 without estimates at FirstFit's makespan $49.76 -> $25.43 (FirstFit
+    $27.49: 1.81x -> 0.925x its cost), the deadline met (2.65 h of 3.39 h);
     over seeds 1-6 at 1.0, 0.8, 0.74 and 0.6 x the knee's deadline, LM20 without estimates
     1.58/1.58/1.60/1.64 -> 1.29/1.44/1.48/1.64 x the fluid bound on average, the heavy tail
     1.21/1.25/1.36/1.43 -> 1.21/1.26/1.34/1.42, every deadline met as before. ``FAR_PULL``
