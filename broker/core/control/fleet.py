@@ -46,8 +46,9 @@ def plan_and_fleet(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
     if memory.budget_stopped and budget_left(ctl, snap, s, now) < cheapest_unit(snap):
         return memory  # nothing more can be bought; dispatch goes on with what is paid
     memory = resolve_goal(ctl, snap, memory, now, rem)
-    if ctl.goal.kind == "deadline" and memory.last_plan is None and ctl.config.promise:
-        result, memory = hold_first_deadline(ctl, snap, memory, now, rem)  # the deadline at its confidence
+    holding = ctl.goal.kind == "deadline" and (memory.last_plan is None or memory.hold_pending) and ctl.config.promise
+    if holding:  # the deadline at its confidence (a hold that waited is made at a later re-plan)
+        result, memory = hold_first_deadline(ctl, snap, memory, now, rem)
     else:
         result = solve(ctl, snap, memory, now, rem)
     memory = replace(memory, last_plan_at_s=now)
@@ -74,8 +75,8 @@ def plan_and_fleet(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
     )
     # A deadline's first plan is what was promised at the confidence (hold_first_deadline) and
     # asked about: carried out as solved. (No goal keeps the check: its promise is the cheapest
-    # point, and a launch must survive the band.)
-    if not (initial and ctl.goal.kind == GoalKind.DEADLINE):
+    # point, and a launch must survive the band.) So is a hold made at a later re-plan.
+    if not (initial and ctl.goal.kind == GoalKind.DEADLINE) and not (holding and not memory.hold_pending):
         result = with_hysteresis(ctl, snap, memory, now, rem, result)
     memory = apply_plan(ctl, snap, memory, now, result, s)
     if ctl.config.promise:

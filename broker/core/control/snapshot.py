@@ -188,3 +188,7 @@ class Memory:
     # Deadline goals: a high quantile of a task without an estimate (reference seconds): a
     # slot takes such a task only if it would end by the deadline there (dispatch.tail_limit_ref).
     tail_size_ref_s: float | None = None
+    # Deadline goals: the first plan's hold waits for a re-plan while the runtimes' law is
+    # young (promises.defer_hold): whether it still waits, and how many re-plans it has waited.
+    hold_pending: bool = False
+    hold_waits: int = 0
