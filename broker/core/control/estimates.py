@@ -50,6 +50,11 @@ class RemainingWork:
     # the promise's forecast draws itself (``ratio_rel_se``), so the promise's band leaves it out.
     ratio_upper_ref_s: float = 0.0
 
+    @property
+    def band(self) -> float:
+        """How well the remaining work is known: (upper - point) / point."""
+        return (self.upper_ref_s - self.point_ref_s) / max(self.point_ref_s, 1e-9)
+
 
 def mean_estimate(snap: Snapshot, observed_mean_ref_s: float | None = None) -> float | None:
     """The mean runtime: what tasks showed (``observed_mean_ref_s``, default the finished
@@ -126,11 +131,7 @@ def remaining_work(snap: Snapshot, z: float = 1.645) -> RemainingWork | None:
         for r in node.running:
             n_running += 1
             elapsed_ref = max(0.0, snap.now_s - r.started_at_s) * node.speed
-            if r.estimate_ref_s is not None:
-                left = r.estimate_ref_s * ratio - elapsed_ref
-                running_work += max(left, 0.05 * r.estimate_ref_s * ratio)
-            else:
-                running_work += _residual_mean(mu, sd, elapsed_ref)
+            running_work += residual_ref_s(r.estimate_ref_s, elapsed_ref, mu, sd, ratio)
     point = pending_work + running_work
     # Tasks without estimates: mean-sized, so the error of the mean is shared by all of them.
     n_u = pool.unknown_count
@@ -149,6 +150,15 @@ def remaining_work(snap: Snapshot, z: float = 1.645) -> RemainingWork | None:
     upper = point + z * (unknown_err + known_err)
     n_p = len(pool)
     return RemainingWork(point, upper, mu, sd, n_p, n_running, ratio, z * shared_err)
+
+
+def residual_ref_s(estimate_ref_s: float | None, elapsed_ref_s: float, mu: float, sd: float, ratio: float) -> float:
+    """The expected remaining work of a running task that has done ``elapsed_ref_s``: its
+    estimate (corrected by ``ratio``) less that, floored at 5% of it, or without an estimate
+    the conditional mean residual (module docstring)."""
+    if estimate_ref_s is not None:
+        return max(estimate_ref_s * ratio - elapsed_ref_s, 0.05 * estimate_ref_s * ratio)
+    return _residual_mean(mu, sd, elapsed_ref_s)
 
 
 def _residual_mean(mu: float, sd: float, elapsed: float) -> float:

@@ -17,7 +17,7 @@ from ..plan.types import Extension
 from .actions import Launch, ScheduleRelease, StopForBudget
 from .budget import affordable, affordable_extension, budget_guard, budget_left, cheapest_unit
 from .causes import GoalKind, LaunchCause, ReleaseCause
-from .estimates import RemainingWork, _residual_mean, mean_estimate
+from .estimates import RemainingWork, mean_estimate, residual_ref_s
 from .planning import PlanResult
 from .promises import hold_first_deadline, update_promise
 from .replan import drifted, resolve_goal, solve
@@ -98,8 +98,7 @@ def budget_still_learning(ctl: Controller, rem: RemainingWork) -> bool:
     runtimes, launched 39 instances: 2.71 h -> 2.38 h, condor_annex's own makespan). Its
     price: a budget search (about 8 solves) every 5 minutes while the band is wide, which is
     only the first minutes of a bag without estimates."""
-    return ctl.goal.kind == GoalKind.BUDGET and rem.point_ref_s > 0 and (
-        rem.upper_ref_s - rem.point_ref_s) / rem.point_ref_s > ctl.config.hysteresis
+    return ctl.goal.kind == GoalKind.BUDGET and rem.point_ref_s > 0 and rem.band > ctl.config.hysteresis
 
 
 def shed_before_boundary(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork,
@@ -243,8 +242,7 @@ def hysteresis_band(ctl: Controller, rem: RemainingWork) -> float:
     h = ctl.config.hysteresis
     if h <= 0 or rem.point_ref_s <= 0:
         return h
-    band = (rem.upper_ref_s - rem.point_ref_s) / rem.point_ref_s
-    return min(h, max(ctl.config.hysteresis_min, band))
+    return min(h, max(ctl.config.hysteresis_min, rem.band))
 
 
 # -- shedding -----------------------------------------------------------------------------
@@ -320,10 +318,7 @@ def running_work_finished(n: NodeView, now: float, stop: float, rem: RemainingWo
     done = 0.0
     for r in n.running:
         elapsed = max(0.0, now - r.started_at_s) * n.speed
-        if r.estimate_ref_s is not None:
-            left = max(r.estimate_ref_s * rem.estimate_ratio - elapsed, 0.05 * r.estimate_ref_s)
-        else:
-            left = _residual_mean(rem.mean_ref_s, rem.sd_ref_s, elapsed)
+        left = residual_ref_s(r.estimate_ref_s, elapsed, rem.mean_ref_s, rem.sd_ref_s, rem.estimate_ratio)
         if now + left / n.speed <= stop:
             done += left
     return done

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..goal import Goal, GoalKind
 from ..model import ExistingInstance, MachineType, PrivateNode
+from .budget import on_its_boundary
 from .causes import LaunchCause
 
 
@@ -64,12 +65,11 @@ class FleetPlanner:
             self._budget = FleetPlanner(replace(self.options, phi_fine_billed=False))
         return self._budget
 
-    def input(self, types, private, nodes, rem, now_s: float, unit_started: bool = False,
-              tail_ref_s: float | None = None) -> PlannerInput:
-        """``unit_started``: an instance kept past ``now`` counts as paid to the end of the
-        billing unit that starts at ``now`` when ``now`` is exactly a boundary. Otherwise, at
-        that instant, keeping it costs the same as a new instance and the solver picks
-        between them at random (re-plans on a boundary then launch new instances and
+    def input(self, types, private, nodes, rem, now_s: float, tail_ref_s: float | None = None) -> PlannerInput:
+        """An instance kept past ``now`` counts as paid to the end of the billing unit that
+        starts at ``now`` when ``now`` is exactly a boundary (``budget.on_its_boundary``).
+        Otherwise, at that instant, keeping it costs the same as a new instance and the
+        solver picks between them at random (re-plans on a boundary then launch new instances and
         shorten running ones). Budgets too: an instance alive on its boundary has begun the
         next unit (EC2 charges it; ``budget.unit_started_usd`` counts it against the budget),
         so releasing it there saves nothing, and a budget plan that saw the instance as
@@ -85,8 +85,7 @@ class FleetPlanner:
                 continue
             paid = n.paid_until_s
             t = by_name.get(n.type_name)
-            if unit_started and t is not None and paid is not None and paid <= now_s + 1e-6 \
-                    and (n.release_at_s is None or n.release_at_s > now_s + 1e-6):
+            if t is not None and on_its_boundary(n, now_s):
                 paid = t.billing.paid_until(n.launched_at_s, now_s + 1e-3)
             existing.append(
                 ExistingInstance(
@@ -243,10 +242,10 @@ def efficient_only(pin: PlannerInput, within: float = 0.95) -> PlannerInput | No
     bag at List's $19.06 the first plan bought 6 m1.large and an m1.small beside the 40 efficient
     machines to finish the point value in 0.97 h, left $0.56 for the rest, and stopped with 3
     tasks left (1 left with this rule, at 2.73 h; LM20 billed per second at List's $18.94: 1.95 h
-    -> 1.85 h; league --quick, no goal line changes verdict). So the point plan is first sought on the new machines within ``within`` of the
-    best work per dollar (List's efficient machines; private nodes and instances already
-    running stay), and on every type only when those cannot buy it. None when every type is
-    efficient (nothing to leave out)."""
+    -> 1.85 h; league --quick, no goal line changes verdict). So the point plan is first
+    sought on the new machines within ``within`` of the best work per dollar (List's efficient
+    machines; private nodes and instances already running stay), and on every type only when
+    those cannot buy it. None when every type is efficient (nothing to leave out)."""
     from dataclasses import replace
 
     effs = [t.efficiency for t in pin.types if t.limit > 0]

@@ -131,7 +131,7 @@ def defer_hold(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem:
     logn-1 and bimodal runs at 10% done (90-100% before). None: hold now."""
     if not ctl.config.hedge_later or rem.point_ref_s <= 0 or memory.hold_waits >= HOLD_WAITS:
         return None
-    if (rem.upper_ref_s - rem.point_ref_s) / rem.point_ref_s <= ctl.config.hysteresis:
+    if rem.band <= ctl.config.hysteresis:
         return None
     deadline_at = snap.started_at_s + float(ctl.goal.value)
     # its own draws (the generator the hold used is left where the hold left it)
@@ -187,7 +187,7 @@ def promise_band(rem: RemainingWork) -> float:
     weight)). Counted in both, it made the first promise of a bag with estimates twice as
     wide as its uncertainty: LM, 10,000 tasks with estimates within 10%, 18.7% in cost and
     12.4% in time, 4.7% on each side of either the band added again."""
-    return (rem.upper_ref_s - rem.point_ref_s - rem.ratio_upper_ref_s) / max(rem.point_ref_s, 1e-9)
+    return rem.band - rem.ratio_upper_ref_s / max(rem.point_ref_s, 1e-9)
 
 
 GIVE_BACK_ROUNDS = 8  # the controller's give-backs a promise looks ahead (each halves the slack)

@@ -127,7 +127,7 @@ def keep_margin(ctl, rem: RemainingWork) -> float | tuple[float, float]:
     with this.)"""
     if ctl.config.hedge_later or cost_first(ctl):
         return ctl.config.hysteresis_min
-    band = (rem.upper_ref_s - rem.point_ref_s) / max(rem.point_ref_s, 1e-9)
+    band = rem.band
     h = min(ctl.config.hysteresis, max(ctl.config.hysteresis_min, band))
     return ctl.config.hysteresis_min, max((1 + band) * (1 + h) - 1, ctl.config.hysteresis_min)
 

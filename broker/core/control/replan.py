@@ -96,7 +96,6 @@ def planner_input(ctl: Controller, snap: Snapshot, now: float, rem: RemainingWor
         nodes=snap.nodes,
         rem=rem,
         now_s=now,
-        unit_started=True,
         tail_ref_s=tail_size_ref_s(snap, rem) if lean else None,
     )
 
