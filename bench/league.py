@@ -323,6 +323,8 @@ def bound_goal(scn, r: Result, fluid: float, billed: float, goals: list[str]) ->
     ok = r.complete and r.cost_usd <= tol * fluid
     line = (f"{verdict(ok)} {scn.name} bound at {r.spec.label}: cost {usd(r.cost_usd)} = {r.cost_usd / fluid:.4f} x "
             f"the fluid bound {usd(fluid)} at {hours(r.makespan_s)} (goal <= {tol:g})")
+    if not r.complete:
+        line += f"; the run did not finish ({r.tasks_total - r.tasks_done} tasks left)"
     if not ok and billed > tol * fluid:
         line += (f"; unreachable as posed: the cheapest whole-unit plan for the true work by that makespan costs "
                  f"{usd(billed)} = {billed / fluid:.4f} x the fluid bound (ours {r.cost_usd / billed:.4f} x it)")
