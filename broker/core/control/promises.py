@@ -37,7 +37,7 @@ from .actions import Launch
 from .causes import LaunchCause
 from .estimates import RemainingWork
 from .planning import PlanResult
-from .promising import forecast_fleet, tail_size_ref_s
+from .promising import forecast_fleet, tail_fitted, tail_size_ref_s
 from .replan import hedge_can_wait, solve
 from .snapshot import Memory, Snapshot
 
@@ -216,11 +216,26 @@ def _after_give_backs(ctl: Controller, snap: Snapshot, memory: Memory, now: floa
     the forecast of the one before); whether the run will bear them out (a later overshoot
     pulls the deadline in again) is not known now, so the promise is read off the replicates
     of both forecasts: the run as it stands and the run after the give-backs. (Off the
-    second alone, the thesis LL bag was promised too late as often as before too early.)"""
+    second alone, the thesis LL bag was promised too late as often as before too early.)
+
+    ``f`` is the controller's forecast (its law: ``promising.runtime_law``), and the
+    give-backs are decided on its forecasts, as the controller will decide them; what is
+    returned is read off the promise's law, the censored tail fitted, at the planning
+    deadline now and at the one after the give-backs."""
+    fitted = tail_fitted(snap)
+
+    def shown(at: float | None, k: int, ctl_f):
+        if not fitted:
+            return ctl_f
+        g = forecast_fleet(ctl, snap, rem, now, dict(s.release), launches, promise_rng(snap, now + k), at,
+                           memory.tail_size_ref_s, replicates=reps, fit_tail=True)
+        return ctl_f if g is None else g
+
     if ctl.goal.kind != "deadline" or memory.deadline_at_s is None:
-        return f
-    now_f = f
+        return shown(None if ctl.goal.kind == "budget" else memory.deadline_at_s, 0, f)
+    now_f, rounds = f, 0
     allowance, horizon = memory.tail_allowance_s, memory.deadline_at_s
+    at_f = horizon
     for k in range(GIVE_BACK_ROUNDS):
         give = _give_back_s(ctl, snap, allowance, now, f)
         if give <= 0:
@@ -230,8 +245,9 @@ def _after_give_backs(ctl: Controller, snap: Snapshot, memory: Memory, now: floa
                                horizon, memory.tail_size_ref_s, replicates=reps)
         if later is None:
             break
-        f = later
-    return f if f is now_f else _mixture(now_f, f)
+        f, rounds, at_f = later, k + 1, horizon
+    first = shown(memory.deadline_at_s, 0, now_f)
+    return first if f is now_f else _mixture(first, shown(at_f, rounds, f))
 
 
 def _mixture(a, b):

@@ -36,7 +36,13 @@ from .snapshot import Snapshot
 CAP_WITHOUT_TIMEOUT = 4.0  # x the longest runtime seen, when the bag states no timeout
 
 
-def runtime_law(snap: Snapshot, rem: RemainingWork) -> RuntimeLaw:
+def runtime_law(snap: Snapshot, rem: RemainingWork, fit_tail: bool = False) -> RuntimeLaw:
+    """The law the snapshot supports; ``fit_tail``: the promise's (the user is shown it),
+    with the censored tail fitted (``tailfit.py``). The controller's forecasts (the deadline
+    hold, the tail allowance, the tail size the dispatcher keeps) use the law without it:
+    its rules were tuned on that law, and with the fitted tail they bought more and held
+    deadlines worse (test_control_deadline_tail seed 7: 10.64 h against a 9 h deadline, the
+    league's LM20 no-estimates knee run all 80 instances)."""
     obs = snap.observations
     est_kw = dict(estimate_rel_sd=obs.ratio_sd(), estimate_ratio=rem.estimate_ratio,
                   ratio_rel_se=obs.ratio_sd() / math.sqrt(max(obs.count_with_estimate, 0) + PRIOR_WEIGHT))
@@ -46,10 +52,16 @@ def runtime_law(snap: Snapshot, rem: RemainingWork) -> RuntimeLaw:
     if finished is not None and len(finished) >= 2:
         ages = [max(0.0, snap.now_s - r.started_at_s) * n.speed
                 for n in snap.nodes for r in n.running if r.estimate_ref_s is None]
-        return RuntimeLaw.observed(np.asarray(finished, dtype=float), ages, cap, **est_kw)
+        return RuntimeLaw.observed(np.asarray(finished, dtype=float), ages, cap, fit_tail=fit_tail, **est_kw)
     n = obs.count + (PRIOR_WEIGHT if snap.prior_mean_ref_s is not None else 0)
     se = rem.sd_ref_s / (max(rem.mean_ref_s, 1e-9) * math.sqrt(max(n, 1)))
     return RuntimeLaw.parametric(rem.mean_ref_s, rem.sd_ref_s, se, cap, **est_kw)
+
+
+def tail_fitted(snap: Snapshot) -> bool:
+    """Whether the promise's law differs from the controller's (``runtime_law``): it is the
+    Kaplan-Meier law of the runtimes seen."""
+    return snap.finished_ref_s is not None and len(snap.finished_ref_s) >= 2
 
 
 def fleet_after(snap: Snapshot, now: float, releases: Mapping[str, float],
@@ -94,13 +106,14 @@ def closed_spend_usd(snap: Snapshot, now: float) -> float:
 def forecast_fleet(ctl, snap: Snapshot, rem: RemainingWork, now: float, releases: Mapping[str, float],
                    launches: Sequence[tuple[str, int, float]], rng: np.random.Generator,
                    horizon_at_s: float | None = None, tail_ref_s: float | None = None,
-                   replicates: int | None = None) -> Forecast | None:
+                   replicates: int | None = None, fit_tail: bool = False) -> Forecast | None:
     """The forecast of the run with this fleet (None when there is no machine at all);
-    ``horizon_at_s``: the planning deadline the controller sheds surplus against."""
+    ``horizon_at_s``: the planning deadline the controller sheds surplus against;
+    ``fit_tail``: on the promise's law (``runtime_law``)."""
     machines = fleet_after(snap, now, releases, launches, ctl.private)
     if not machines:
         return None
-    law = runtime_law(snap, rem)
+    law = runtime_law(snap, rem, fit_tail)
     pending = Pending(snap.pending.unknown_count, np.asarray(snap.pending.known_estimates_ref_s(), dtype=float))
     fit = rem.mean_ref_s + ctl.config.fit_z * rem.sd_ref_s  # the dispatcher's size for a task without an estimate
     keep = keep_margin(ctl, rem)
