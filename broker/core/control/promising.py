@@ -124,7 +124,7 @@ def forecast_fleet(ctl, snap: Snapshot, rem: RemainingWork, now: float, releases
                     end_allowance_s=ctl.planner.options.phi_s, tail_ref_s=tail_ref_s,
                     idle_release_s=ctl.config.scale_down_after_s,
                     deadline_at_s=snap.started_at_s + float(ctl.goal.value) if ctl.goal.kind == "deadline" else None,
-                    budget_usd=budget_of(ctl, snap))
+                    budget_usd=budget_of(ctl, snap), bare_lengthen=fit_tail)
 
 
 def keep_margin(ctl, rem: RemainingWork) -> float | tuple[float, float]:
