@@ -4,7 +4,8 @@ The bag of ``tests/test_control_deadline_tail.py``: 3,000 lognormal tasks (mean 
 sigma 1.5, capped at a 6 h timeout), a free 8-slot private node, four hourly EC2 types
 booting in 90-200 s, no estimates, no prior, a 9 h deadline. Per seed it prints: met or
 missed, the makespan, the cost, the first promise (makespan point and 90% range), when the
-pending queue emptied, and the task that ended last: its start, its runtime, where it ran
+pending queue emptied, when the first plan launched (``!``: it said the deadline was at risk
+at the confidence), and the task that ended last: its start, its runtime, where it ran
 (node type and speed), its attempt (>1: a relaunch or a replica), and its true size (in
 reference seconds) and the bag's largest.
 
@@ -36,6 +37,12 @@ class Traced(Simulation):
         self.last = None
         self.queue_empty_s = None
         self.replicas = 0
+        self.first_launch = None  # (virtual s, cause) of the first plan's launches
+
+    def _launch(self, a) -> None:
+        if self.first_launch is None:
+            self.first_launch = (self.now, a.cause.value)
+        super()._launch(a)
 
     def _start(self, a) -> None:
         super()._start(a)
@@ -73,7 +80,8 @@ def one(seed: int, tasks: int, deadline_s: float) -> dict:
                 last_node=(node.type.name if node.type is not None else node.id), last_speed=node.speed,
                 last_attempt=attempt, last_replica=replica, last_size_h=sim.truth[sim.index[task]] / 3600,
                 max_size_h=float(sim.truth.max()) / 3600, second_last_h=(r.second_last_end_s or 0) / 3600,
-                replicas=sim.replicas, cpu_s=cpu, wasted_h=r.wasted_ref_s / 3600)
+                replicas=sim.replicas, plan_h=(sim.first_launch or (0.0, ""))[0] / 3600,
+                at_risk=(sim.first_launch or (0.0, ""))[1] == "deadline_at_risk", cpu_s=cpu, wasted_h=r.wasted_ref_s / 3600)
 
 
 def main(argv=None) -> int:
@@ -88,17 +96,19 @@ def main(argv=None) -> int:
     with ProcessPoolExecutor(a.jobs) as ex:
         rows = list(ex.map(one, seeds, [a.tasks] * a.seeds, [a.deadline * 3600] * a.seeds))
     print(f"{a.tasks} tasks lognormal sigma 1.5 (6 h cap), deadline {a.deadline:g} h; hours unless marked")
-    print("seed  met   span  cost$  promise(90%)          p$    qEmpty  2ndLast | last: start  run  node     spd"
+    print("seed  met   span  cost$  plan  promise(90%)          p$    qEmpty  2ndLast | last: start  run  node     spd"
           "  att rep  size  | maxSize repl wasted cpu_s")
     for d in rows:
         pr = "-" if d["p_range"] is None else f"{d['p_h']:5.2f} ({d['p_range'][0]:5.2f}-{d['p_range'][1]:5.2f})"
-        print(f"{d['seed']:4d}  {'met ' if d['met'] else 'MISS'} {d['makespan_h']:5.2f} {d['cost']:6.2f}  {pr:21s} "
+        print(f"{d['seed']:4d}  {'met ' if d['met'] else 'MISS'} {d['makespan_h']:5.2f} {d['cost']:6.2f} {d['plan_h']:4.2f}{'!' if d['at_risk'] else ' '}{pr:21s} "
               f"{d['p_cost'] or 0:6.2f}  {d['queue_empty_h']:5.2f}  {d['second_last_h']:5.2f}  | "
               f"{d['last_start_h']:5.2f} {d['last_run_h']:5.2f} {d['last_node']:8s} {d['last_speed']:3.1f}"
               f"  {d['last_attempt']:2d}  {'R' if d['last_replica'] else '-'}  {d['last_size_h']:5.2f} | "
               f"{d['max_size_h']:5.2f} {d['replicas']:4d} {d['wasted_h']:6.1f} {d['cpu_s']:5.1f}")
     met = sum(d["met"] for d in rows)
     promised = [d for d in rows if d["p_range"] is not None and d["p_range"][1] <= a.deadline]
+    risk = [d for d in rows if d["at_risk"]]
+    print(f"first plan said 'deadline at risk' (!) in {len(risk)}, of which met {sum(d['met'] for d in risk)}")
     print(f"met {met}/{len(rows)}; promised (90% upper <= deadline) {len(promised)}, of which met "
           f"{sum(d['met'] for d in promised)}; mean cost ${sum(d['cost'] for d in rows) / len(rows):.2f}; "
           f"cpu {sum(d['cpu_s'] for d in rows):.0f} s")
