@@ -137,8 +137,16 @@ def move_stragglers(ctl: Controller, snap: Snapshot, now: float, idle_slots, s: 
     late.sort(key=lambda t: (t[0], t[1]))
     free.sort(key=lambda x: (-x[0].speed, -(math.inf if x[0].is_private or s.release_of(x[0]) is None
                                             else s.release_of(x[0])), x[0].id, x[1]))
+    barred = snap.spot_barred
     for neg_end, _, x, n, r in late:
-        if not free or free[0][0].speed <= n.speed or now + x / free[0][0].speed >= -neg_end:
+        # the fastest slot left this task may take (never a spot slot for a task barred from spot)
+        k = next((i for i, (node, _) in enumerate(free) if r.task_id not in barred or not _is_spot(snap, node)), None)
+        if k is None or free[k][0].speed <= n.speed or now + x / free[k][0].speed >= -neg_end:
             continue
-        node, slot = free.pop(0)
+        node, slot = free.pop(k)
         s.actions.append(Replicate(r.task_id, SlotRef(node.id, slot), r.attempt + 1, WorkCause.TAIL_REPLICATION))
+
+
+def _is_spot(snap: Snapshot, node) -> bool:  # noqa: ANN001
+    t = None if node.type_name is None else snap.types.get(node.type_name)
+    return t is not None and t.is_spot
