@@ -138,6 +138,7 @@ class Controller:
         # rule runs on every decision: its own clock is finer than the monitoring tick).
         every = self.config.policy != Policy.BROKER and getattr(BASELINES[self.config.policy], "every_decision", False)
         rem = remaining_work(snap, self.config.confidence_z) if tick or every else None
+        s.remaining = rem
         if rem is not None:
             if self.config.policy == Policy.BROKER:
                 memory = plan_and_fleet(self, snap, memory, now, rem, s)

@@ -18,6 +18,7 @@ from .budget import affordable_extension, budget_of, private_until_s
 from .causes import Policy, ReleaseCause, WorkCause
 from .scratch import Scratch
 from .snapshot import Memory, NodeView, Snapshot
+from .straggler import keepers, move_stragglers
 
 if TYPE_CHECKING:
     from .controller import Controller
@@ -32,12 +33,8 @@ def keep_running_work(ctl: Controller, snap: Snapshot, now: float, size_ref_s: f
     cfg = ctl.config
     # A task with copies on several machines needs only the one kept longest (a private
     # node: forever); the others may go at their releases.
-    keeper: dict[str, tuple[float, str]] = {}
-    for n in snap.nodes:
-        until = math.inf if n.is_private else (s.release_of(n) if s.release_of(n) is not None else math.inf)
-        for r in n.running:
-            if r.task_id not in keeper or (until, n.id) > keeper[r.task_id]:
-                keeper[r.task_id] = (until, n.id)
+    # (Under a deadline: the copy expected to end first, ``straggler.keepers``.)
+    keeper = keepers(ctl, snap, now, size_ref_s, s)
     rerun = RerunSlots(ctl, snap, now, size_ref_s, s) if len(snap.pending) == 0 and size_ref_s is not None else None
     for n in sorted(snap.nodes, key=lambda n: (s.release_of(n) or math.inf, n.id)):
         if n.is_private or not n.running or n.launched_at_s is None:
@@ -168,6 +165,7 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
     if (ctl.config.replicate and ctl.config.policy == Policy.BROKER and len(snap.pending) - len(s.taken) <= 0
             and idle_slots and _copy_may_win(snap, now)):  # the idle slots are free nodes' of the snapshot
         replicate(snap, now, mean, idle_slots, s)
+        move_stragglers(ctl, snap, now, idle_slots, s)
 
 
 def _copy_may_win(snap: Snapshot, now: float) -> bool:
