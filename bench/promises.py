@@ -262,14 +262,14 @@ def main() -> None:
     for which, title in (("first", "the first promise (made at the first plan, after sampling)"),
                          ("tenth", "the first promise made once 10% of the bag is done")):
         print(f"\n{title}:")
-        head = (f"{'scenario':<10} {'deadline':>8} {'met':>6} {'cost in':>8} {'time in':>8} {'|dC|':>6} {'|dT|':>6} "
+        head = (f"{'scenario':<12} {'deadline':>8} {'met':>6} {'cost in':>8} {'time in':>8} {'|dC|':>6} {'|dT|':>6} "
                 f"{'width C':>8} {'width T':>8} {'floor':>6} {'dC floor':>8} {'samples':>8} {'wall s':>7}")
         print(head)
         print("-" * len(head))
         for s in names:
             m = summarise([r for r in rows if r.scenario == s], which)
             tables[(which, s)] = m
-            print(f"{s:<10} {deadlines[s] / 3600:>7.1f}h {pct(m['met']):>6} {pct(m.get('cost_in')):>8} "
+            print(f"{s:<12} {deadlines[s] / 3600:>7.1f}h {pct(m['met']):>6} {pct(m.get('cost_in')):>8} "
                   f"{pct(m.get('time_in')):>8} {pct(m.get('dC')):>6} {pct(m.get('dT')):>6} {pct(m.get('wC')):>8} "
                   f"{pct(m.get('wT')):>8} {pct(m.get('floor')):>6} {pct(m.get('dfloor')):>8} "
                   f"{m.get('samples', math.nan):>8.0f} "
@@ -290,7 +290,7 @@ def main() -> None:
             later = f" [{'PASS' if key in tenth and ok_if(tenth[key]) else 'MISS'} {pct(tenth.get(key))}]"
             checks.append((name, ok_if(first[key]), pct(first[key]) + later + out_of_reach(key, first, tenth, limit or 0.0)))
         line = "; ".join(f"{name} {'PASS' if ok else 'MISS'} ({fig})" for name, ok, fig in checks)
-        print(f"  {s:<10} {line}")
+        print(f"  {s:<12} {line}")
     print(f"\n{len(rows)} simulations in {time.perf_counter() - t0:.0f} s")
 
 
