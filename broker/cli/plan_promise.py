@@ -2,9 +2,10 @@
 
 What is known before anything runs: the bag's per-task estimates (each off by a relative
 error of 15% until runs say otherwise; their total off by the ``--estimate-bias`` declared,
-else 15%: the promise's interval counts it, the plan is chosen without it), or a mean and sd (stated with ``--mean-runtime`` /
-``--runtime-sd``: taken as exact; or learnt by ``--sample`` under an (eps, delta) contract:
-its relative standard error is eps / z_{1 - delta/2}). A deadline goal is held at the
+else 15%: the promise's interval counts it, the plan is chosen without it), or a mean and
+sd (stated with ``--mean-runtime`` / ``--runtime-sd``: taken as exact; or learnt by
+``--sample`` under an (eps, delta) contract: its relative standard error is
+eps / z_{1 - delta/2}). A deadline goal is held at the
 confidence (``hold_deadline``): the cheapest plan whose makespan's ``confidence`` quantile
 is within the deadline, or, when none is, the plan with the earliest such quantile and a
 message saying what can be promised instead.
@@ -115,8 +116,6 @@ def _told_law(args, law: RuntimeLaw, pending: Pending, confidence: float) -> Run
     if pending.estimates_ref_s.size == 0:
         return law
     from broker.cli.plan import estimate_bias_from_args
-    from broker.core.control.estimate_bias import DEFAULT_ESTIMATE_BIAS
+    from broker.core.control.estimate_bias import prior_ratio_se
 
-    declared = estimate_bias_from_args(args)
-    bias = DEFAULT_ESTIMATE_BIAS if declared is None else declared
-    return replace(law, ratio_rel_se=bias / NormalDist().inv_cdf(0.5 + confidence / 2))
+    return replace(law, ratio_rel_se=prior_ratio_se(estimate_bias_from_args(args), confidence))

@@ -64,6 +64,11 @@ def promise_ratio_se(snap: Snapshot, declared: float | None, confidence: float) 
     k = obs.count_with_estimate
     if k >= RATIO_MIN_TASKS and obs.count == k:
         return obs.ratio_sd() / math.sqrt(k)
+    return prior_ratio_se(declared, confidence)
+
+
+def prior_ratio_se(declared: float | None, confidence: float) -> float:
+    """Before tasks with estimates have run: the declared bias (or the default) as a
+    relative standard error, ``B / z``."""
     bias = DEFAULT_ESTIMATE_BIAS if declared is None else declared
-    z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    return bias / z
+    return bias / NormalDist().inv_cdf(0.5 + confidence / 2)
