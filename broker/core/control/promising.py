@@ -36,10 +36,13 @@ from .snapshot import Snapshot
 CAP_WITHOUT_TIMEOUT = 4.0  # x the longest runtime seen, when the bag states no timeout
 
 
-def runtime_law(snap: Snapshot, rem: RemainingWork) -> RuntimeLaw:
+def runtime_law(snap: Snapshot, rem: RemainingWork, ratio_rel_se: float | None = None) -> RuntimeLaw:
+    """``ratio_rel_se``: the correction ratio's error when the caller knows it (the promise's,
+    ``estimate_bias.promise_ratio_se``); default the controller's s_r / sqrt(k + 30)."""
     obs = snap.observations
-    est_kw = dict(estimate_rel_sd=obs.ratio_sd(), estimate_ratio=rem.estimate_ratio,
-                  ratio_rel_se=obs.ratio_sd() / math.sqrt(max(obs.count_with_estimate, 0) + PRIOR_WEIGHT))
+    if ratio_rel_se is None:
+        ratio_rel_se = obs.ratio_sd() / math.sqrt(max(obs.count_with_estimate, 0) + PRIOR_WEIGHT)
+    est_kw = dict(estimate_rel_sd=obs.ratio_sd(), estimate_ratio=rem.estimate_ratio, ratio_rel_se=ratio_rel_se)
     longest = max(obs.max_ref_s, rem.mean_ref_s)
     cap = snap.timeout_ref_s if snap.timeout_ref_s else CAP_WITHOUT_TIMEOUT * longest
     finished = snap.finished_ref_s
@@ -94,13 +97,14 @@ def closed_spend_usd(snap: Snapshot, now: float) -> float:
 def forecast_fleet(ctl, snap: Snapshot, rem: RemainingWork, now: float, releases: Mapping[str, float],
                    launches: Sequence[tuple[str, int, float]], rng: np.random.Generator,
                    horizon_at_s: float | None = None, tail_ref_s: float | None = None,
-                   replicates: int | None = None) -> Forecast | None:
+                   replicates: int | None = None, ratio_rel_se: float | None = None) -> Forecast | None:
     """The forecast of the run with this fleet (None when there is no machine at all);
-    ``horizon_at_s``: the planning deadline the controller sheds surplus against."""
+    ``horizon_at_s``: the planning deadline the controller sheds surplus against;
+    ``ratio_rel_se``: see :func:`runtime_law`."""
     machines = fleet_after(snap, now, releases, launches, ctl.private)
     if not machines:
         return None
-    law = runtime_law(snap, rem)
+    law = runtime_law(snap, rem, ratio_rel_se)
     pending = Pending(snap.pending.unknown_count, np.asarray(snap.pending.known_estimates_ref_s(), dtype=float))
     fit = rem.mean_ref_s + ctl.config.fit_z * rem.sd_ref_s  # the dispatcher's size for a task without an estimate
     keep = keep_margin(ctl, rem)
