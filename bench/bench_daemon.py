@@ -20,6 +20,13 @@ Where the time goes, for both paths, from the first start to the last result:
   cost of a master's extra CPU per task shows on the same machine at the same load
   (``--window 1``: one Run a slot in the bare path, as the daemon sends).
 
+The daemon attaches its agents in the background and dispatches as soon as the first is ready,
+so its span holds the others' start-up (two Python processes an agent: 2-5 s for 16 on a loaded
+2-core machine), which the bare path pays before its clock starts. ``all agents attached``: the
+daemon's tasks dispatched after its last ``node.ready``, over the time from then to the last
+result (those dispatched before, running or queued, are left out: a little pessimistic), the
+same figure as the bare path's.
+
 Also the CPU of ``broker run`` and its attach bridges per task, start-up included (the agents
 are detached and not counted). Medians over ``--repeat`` runs of each. No asserts: a loaded
 machine moves every figure.
