@@ -77,17 +77,18 @@ def queue_ahead(ctl: Controller, snap: Snapshot, now: float, mean_ref_s: float, 
     if left < PLENTY * fleet_slots * QUEUE_DEPTH:
         return
     given = Counter(a.slot.node for a in s.actions if isinstance(a, (Assign, Replicate)))
-    for node in sorted(snap.nodes, key=lambda n: (-n.speed, n.id)):
+    # Only nodes with a free position, and whose slots all run something (a node holds queued
+    # tasks only then, so that is its running count, capped at its slots): a scan of cheap tests,
+    # then the few that take work, fastest first.
+    cands = [n for n in snap.nodes
+             if n.slots <= min(len(n.running), n.slots) + given[n.id] < queue_positions(n.slots) and not n.lost]
+    for node in sorted(cands, key=lambda n: (-n.speed, n.id)):
         depth = queue_depth(ctl, node, mean_ref_s, left, fleet_slots)
-        if depth == 0 or not node.ready(now) or spot.applies(node):
+        room = node.slots * (1 + depth) - len(node.running) - given[node.id]  # (more held from a deeper queue: none)
+        if depth == 0 or room <= 0 or not node.ready(now) or spot.applies(node):
             continue
         held = {r.slot for r in node.running}
-        if sum(1 for i in range(node.slots) if i in held) + given[node.id] < node.slots:
-            continue  # a slot left idle by this decision: nothing pending fits it
-        room = node.slots * (1 + depth) - len(held) - given[node.id]  # (it may hold more from a deeper queue)
-        free = [p for p in range(node.slots, queue_positions(node.slots)) if p not in held][:max(room, 0)]
-        if not free:
-            continue
+        free = [p for p in range(node.slots, queue_positions(node.slots)) if p not in held][:room]
         release = s.release_of(node) if not node.is_private else (None if math.isinf(private_until) else private_until)
         limit = math.inf
         if release is not None:  # a queued task starts up to ``depth`` tasks later
