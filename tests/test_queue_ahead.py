@@ -174,3 +174,28 @@ def test_a_node_holding_a_deeper_queue_takes_no_more_at_a_shallower_depth():
         led.observe(1.0, None)
     led.on_result("p", "t0000", 1, 2.0, 1.0)  # a slot frees, a queued task starts in it
     assert not _queued(_decide(led, now=2.0))  # it still holds more than 4 x (1 + 1)
+
+
+def test_an_instance_released_with_queued_tasks_gives_each_back_once():
+    from broker.core.billing import Billing
+    from broker.core.model import MachineType
+
+    c5 = MachineType("c5", SLOTS, 1.0, 3.6, 10, 90.0, Billing.hourly())
+    led = Ledger({"c5": c5})
+    led.add_tasks([(f"t{i:04d}", 0.05) for i in range(20)])
+    led.on_launched("i-1", "c5", 0.0, 0.0, 3000.0)
+    led.on_node_ready("i-1", 10.0)
+    tasks = [f"t{pos:04d}" for pos in range(SLOTS * (1 + DEEP_QUEUE_DEPTH))]
+    for pos, task in enumerate(tasks):
+        assert led.start(task, "i-1", pos, 11.0) is not None
+    followups = led.on_released("i-1", 20.0, "user_stop")  # stopping a slot must not move a queued task there
+    assert sorted(f.task_id for f in followups if type(f).__name__ == "Cancel") == tasks
+    assert all(t in led.pool for t in tasks) and len(led.pool) == 20 and led.running_count == 0
+
+
+def test_a_private_node_s_work_cancelled_with_queued_tasks_gives_each_back_once():
+    led = _ledger(20, 0.05, nodes=(("p", 1.0),))
+    tasks = _queued_node(led)
+    followups = led.cancel_running("p", "private_budget_spent", 2.0)
+    assert sorted(f.task_id for f in followups if type(f).__name__ == "Cancel") == tasks
+    assert len(led.pool) == 20 and not led.nodes["p"].running

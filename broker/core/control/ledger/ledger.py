@@ -361,7 +361,7 @@ class Ledger(SnapshotMixin, InflightMixin, SpotMixin, QueueMixin):
         node = self.nodes.get(node_id)
         if node is None:
             return []
-        stopped = list(node.running.values())
+        stopped = self._stop_order(node)
         for a in stopped:
             self._stop(a, now)
         out: list[Followup] = [Cancel(a.task_id, a.attempt, cause, a.node) for a in stopped]
@@ -548,7 +548,7 @@ class Ledger(SnapshotMixin, InflightMixin, SpotMixin, QueueMixin):
         if node is None or node.type is None or node.terminated_at_s is not None:
             return []
         self._advance_billing(now)
-        stopped = list(node.running.values())
+        stopped = self._stop_order(node)
         for a in stopped:
             self._stop(a, now)
         if node.alive:

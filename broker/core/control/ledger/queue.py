@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from ..queue_ahead import queue_positions
 from ..snapshot import RunningTask
-from .records import NodeRecord
+from .records import Attempt, NodeRecord
 
 
 class QueueMixin:
@@ -30,6 +30,12 @@ class QueueMixin:
     def _free_positions(self, node: NodeRecord) -> list[int]:
         """The node's free slots, then its free queue positions (where a resumed attempt goes)."""
         return [i for i in range(queue_positions(node.slots)) if i not in node.running]
+
+    @staticmethod
+    def _stop_order(node: NodeRecord) -> list[Attempt]:
+        """The node's attempts, queued first (latest position first): stopped in this order, none
+        is moved to a slot the stops free (an instance released, a node's work cancelled)."""
+        return sorted(node.running.values(), key=lambda a: -a.slot)
 
     def _start_queued(self, node: NodeRecord, slot: int, now: float) -> None:
         """``slot`` of ``node`` just freed: the earliest queued attempt starts there."""
