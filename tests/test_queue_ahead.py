@@ -199,3 +199,21 @@ def test_a_private_node_s_work_cancelled_with_queued_tasks_gives_each_back_once(
     followups = led.cancel_running("p", "private_budget_spent", 2.0)
     assert sorted(f.task_id for f in followups if type(f).__name__ == "Cancel") == tasks
     assert len(led.pool) == 20 and not led.nodes["p"].running
+
+
+def test_a_spot_notice_sends_a_queued_task_elsewhere_however_short():
+    from broker.core.billing import Billing
+    from broker.core.model import MachineType, spot_key
+
+    spot = MachineType(spot_key("c5"), 2, 1.0, 3.6, 10, 0.0, Billing.per_second(), market="spot", ec2_type="c5",
+                       interruptions_per_hour=0.2)
+    led = Ledger({spot.name: spot})
+    led.add_tasks([(f"t{i}", 1.0) for i in range(4)])
+    led.on_launched("i-1", spot.name, 0.0, 0.0)
+    led.on_node_ready("i-1", 0.0)
+    for pos in range(4):  # two running, two queued behind them
+        assert led.start(f"t{pos}", "i-1", pos, 100.0) is not None
+    out = led.on_interruption_notice("i-1", 100.5, 220.0)
+    # the running ones end at 101 < 220 and run on; the queued ones have not started: pending again
+    assert sorted(f.task_id for f in out if type(f).__name__ == "Cancel") == ["t2", "t3"]
+    assert "t2" in led.pool and "t3" in led.pool and sorted(led.nodes["i-1"].running) == [0, 1]
