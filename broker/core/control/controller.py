@@ -95,6 +95,9 @@ class ControllerConfig:
     # Spot offers (spotrates.py): re-plan with each type's interruption rate learned from what
     # the run saw (the declared rate is the prior); False: trust the declared rate.
     learn_spot_rates: bool = True
+    # Queue-ahead (queue_ahead.py): a node holds queued work beyond its slots while the mean
+    # task runs under this many seconds there and plenty is pending; 0 (the simulator): never.
+    queue_ahead_below_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

@@ -16,6 +16,7 @@ from .actions import Assign, Launch, Replicate, ScheduleRelease, SlotRef
 from .baselines import BASELINES
 from .budget import affordable_extension, budget_of, private_until_s
 from .causes import Policy, ReleaseCause, WorkCause
+from .queue_ahead import queue_ahead
 from .scratch import Scratch
 from .snapshot import Memory, NodeView, Snapshot
 from .straggler import keepers, move_stragglers
@@ -150,6 +151,7 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
         private_until_s(ctl, snap, s, now) if any(n.is_private for n in ready) else math.inf)
     spot = SpotSlots(snap, ready, s.actions)
     idle_slots = _fill(ctl, snap, memory, now, ready, (mean, fit_size, least, fastest, private_until), rng, s, spot)
+    queue_ahead(ctl, snap, now, mean, fit_size, private_until, s, spot)  # short tasks, plenty pending: off by default
     if (idle_slots and fit_rule and budget_of(ctl, snap) is None and snap.count_running() == 0
             and not s.taken and len(snap.pending)):
         # Nothing runs and nothing fits: rather than wait for a plan that thinks the
@@ -429,6 +431,8 @@ class _Tail:
             for r in n.running:
                 tid = r.task_id
                 copies[tid] = copies.get(tid, 0) + 1
+                if r.queued:
+                    continue  # not started (queue_ahead.py): nothing to copy ahead of
                 est = r.estimate_ref_s if r.estimate_ref_s is not None else mean
                 end = r.started_at_s + est / speed
                 size = est

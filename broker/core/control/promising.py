@@ -48,7 +48,7 @@ def runtime_law(snap: Snapshot, rem: RemainingWork, ratio_rel_se: float | None =
     finished = snap.finished_ref_s
     if finished is not None and len(finished) >= 2:
         ages = [max(0.0, snap.now_s - r.started_at_s) * n.speed
-                for n in snap.nodes for r in n.running if r.estimate_ref_s is None]
+                for n in snap.nodes for r in n.running if r.estimate_ref_s is None and not r.queued]
         return RuntimeLaw.observed(np.asarray(finished, dtype=float), ages, cap, **est_kw)
     n = obs.count + (PRIOR_WEIGHT if snap.prior_mean_ref_s is not None else 0)
     se = rem.sd_ref_s / (max(rem.mean_ref_s, 1e-9) * math.sqrt(max(n, 1)))
@@ -64,7 +64,8 @@ def fleet_after(snap: Snapshot, now: float, releases: Mapping[str, float],
     for n in snap.nodes:
         if n.lost:
             continue
-        running = tuple(((max(0.0, now - r.started_at_s) * n.speed), r.estimate_ref_s) for r in n.running)
+        running = tuple(((max(0.0, now - r.started_at_s) * n.speed), r.estimate_ref_s) for r in n.running
+                        if not r.queued)  # queued at the node's agent: pending to the forecast
         if n.is_private:
             out.append(Machine(n.slots, n.speed, now, math.inf, cost.get(n.id, 0.0), running=running))
             continue
@@ -105,7 +106,10 @@ def forecast_fleet(ctl, snap: Snapshot, rem: RemainingWork, now: float, releases
     if not machines:
         return None
     law = runtime_law(snap, rem, ratio_rel_se)
-    pending = Pending(snap.pending.unknown_count, np.asarray(snap.pending.known_estimates_ref_s(), dtype=float))
+    queued = [r.estimate_ref_s for n in snap.nodes for r in n.running if r.queued]  # not started: pending
+    pending = Pending(snap.pending.unknown_count + sum(e is None for e in queued),
+                      np.asarray(sorted(snap.pending.known_estimates_ref_s() + [e for e in queued if e is not None]),
+                                 dtype=float))
     fit = rem.mean_ref_s + ctl.config.fit_z * rem.sd_ref_s  # the dispatcher's size for a task without an estimate
     keep = keep_margin(ctl, rem)
     return forecast(machines, law, pending, now_s=now, started_at_s=snap.started_at_s,
