@@ -28,7 +28,8 @@ def test_the_promise_law_does_not_steer_the_controller(monkeypatch):
     fitted = run(7)
     law = promising.runtime_law
     # the promise read off the controller's law instead: every decision must stay the same
-    monkeypatch.setattr(promising, "runtime_law", lambda snap, rem, fit_tail=False: law(snap, rem, False))
+    monkeypatch.setattr(promising, "runtime_law",
+                        lambda snap, rem, ratio_rel_se=None, fit_tail=False: law(snap, rem, ratio_rel_se, False))
     plain = run(7)
     assert fitted.fleet_changes == plain.fleet_changes
     assert [(r["instance"], r["at_s"]) for r in fitted.releases] == [(r["instance"], r["at_s"]) for r in plain.releases]

@@ -49,7 +49,8 @@ def test_replaying_a_dry_runs_ledger_events_gives_the_same_actions(tmp_path, run
     inventory = load_inventory(str(inv), live=False)
     ledger = Ledger({t.name: t for t in inventory.types}, **options)
     goal = Goal(*header["goal"])
-    controller = Controller(goal, ControllerConfig(tick_s=header["tick_s"], margin_s=header["margin_s"]),
+    controller = Controller(goal, ControllerConfig(tick_s=header["tick_s"], margin_s=header["margin_s"],
+                                                   queue_ahead_below_s=header["queue_ahead_below_s"]),
                             private=inventory.private)
     rng = np.random.default_rng(header["seed"])
     tasks = next(e for e in entries if e.get("call") == "add_tasks")["args"][0]

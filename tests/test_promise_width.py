@@ -56,14 +56,16 @@ def test_the_first_promise_of_a_bag_with_estimates_counts_the_ratio_error_once_a
     """LM (thesis catalogue, 20 machines a type), 10,000 tasks with estimates within 10%, no
     prior, bench/promises.py's deadline (18.5 h): the first promise (t = 0, nothing run yet)
     was 18.9% wide in cost and 11.9% in time on these seeds (11.3% and 4.8% with the ratio's
-    error counted once); it still holds what is delivered."""
+    error counted once); it still holds what is delivered. Its user declares the estimates
+    unbiased to within 2% (``estimate_bias``, the prior on the ratio before any task ran:
+    without it the promise assumes 15%, test_promise_estimate_bias.py): 6.5% and 4.4%."""
     spec = dict(BUILTIN["LM"], prior="none", estimates={"error": 0.1})
     for seed in (0, 1):
         wl = build_workload(spec, seed, tasks=10_000, name="LM")
-        r = Simulation(thesis_inventory(20), wl, Goal("deadline", 66_600.0), ControllerConfig(confidence=0.9),
-                       SimOptions(seed=seed)).run()
+        r = Simulation(thesis_inventory(20), wl, Goal("deadline", 66_600.0),
+                       ControllerConfig(confidence=0.9, estimate_bias=0.02), SimOptions(seed=seed)).run()
         p = r.promise
-        assert width(p.cost_usd_range, p.cost_usd) <= 0.13, p.text()
+        assert width(p.cost_usd_range, p.cost_usd) <= 0.10, p.text()
         assert width(p.makespan_s_range, p.makespan_s) <= 0.07, p.text()
         assert p.holds(r.makespan_s, r.cost_usd) == (True, True), (p.text(), r.makespan_s, r.cost_usd)
 

@@ -96,6 +96,10 @@ def add_goal_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--confidence", metavar="C", default="0.9",
                         help="the promise's confidence 1 - delta: makespan and cost come with a C interval, and a "
                         "deadline is held with probability C (default 0.9)")
+    parser.add_argument("--estimate-bias", metavar="B", default=None,
+                        help="how far the bag's estimates may be off as a whole (their total against the truth), "
+                        "at the confidence, e.g. 2%% or 0.02: the promise's prior until tasks with estimates "
+                        "have run (default 15%%)")
 
 
 def goal_from_args(args: argparse.Namespace) -> Goal | None:
@@ -125,6 +129,23 @@ def confidence_from_args(args: argparse.Namespace) -> float:
     if not 0.0 < value < 1.0:
         raise UsageError(f"--confidence: must lie strictly between 0 and 1, got {args.confidence!r}")
     return value
+
+
+def estimate_bias_from_args(args: argparse.Namespace) -> float | None:
+    """``--estimate-bias``: a share (``2%`` or ``0.02``) in [0, 1), or None when not given."""
+    text = getattr(args, "estimate_bias", None)
+    if text is None:
+        return None
+    text = str(text).strip()
+    value = _number("--estimate-bias", text.rstrip("%"), 0.0, math.inf) / (100.0 if text.endswith("%") else 1.0)
+    if not 0.0 <= value < 1.0:
+        raise UsageError(f"--estimate-bias: must be a share in [0, 1) (e.g. 2% or 0.02), got {text!r}")
+    return value
+
+
+def promise_options(args: argparse.Namespace) -> dict:
+    """The ControllerConfig fields the promise's flags set (bad values raise UsageError)."""
+    return {"confidence": confidence_from_args(args), "estimate_bias": estimate_bias_from_args(args)}
 
 
 def _number(flag: str, text: str, lo: float, hi: float) -> float:

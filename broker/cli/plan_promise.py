@@ -1,9 +1,11 @@
 """The promise ``broker plan`` prints next to its chosen plan (broker/core/plan/promise.py).
 
 What is known before anything runs: the bag's per-task estimates (each off by a relative
-error of 15% until runs say otherwise), or a mean and sd (stated with ``--mean-runtime`` /
-``--runtime-sd``: taken as exact; or learnt by ``--sample`` under an (eps, delta) contract:
-its relative standard error is eps / z_{1 - delta/2}). A deadline goal is held at the
+error of 15% until runs say otherwise; their total off by the ``--estimate-bias`` declared,
+else 15%: the promise's interval counts it, the plan is chosen without it), or a mean and
+sd (stated with ``--mean-runtime`` / ``--runtime-sd``: taken as exact; or learnt by
+``--sample`` under an (eps, delta) contract: its relative standard error is
+eps / z_{1 - delta/2}). A deadline goal is held at the
 confidence (``hold_deadline``): the cheapest plan whose makespan's ``confidence`` quantile
 is within the deadline, or, when none is, the plan with the earliest such quantile and a
 message saying what can be promised instead.
@@ -71,11 +73,20 @@ def promise_for(args, types, private, work, goal, chosen: Plan | None, confidenc
 
     seen = forecast_types(types, work)  # spot at its effective speed (interruptions in the mean)
 
-    def predict(plan: Plan):
+    def predict(plan: Plan, with_law: RuntimeLaw = law, gen: np.random.Generator = rng):
         horizon = plan.horizon_s if goal is None or goal.kind != "budget" else 0.0
-        return forecast(machines_of_plan(seen, private, plan), law, pending, now_s=0.0, rng=rng,
+        return forecast(machines_of_plan(seen, private, plan), with_law, pending, now_s=0.0, rng=gen,
                         horizon_at_s=horizon if horizon > 0 else None,
                         budget_usd=float(goal.value) if goal is not None and goal.kind == "budget" else None)
+
+    told_law = _told_law(args, law, pending, confidence)
+
+    def told(plan: Plan, f=None):
+        """The forecast the promise is read off: with estimates, the same plan forecast again
+        with the estimates' overall bias the user declared (or 15%); the plan is chosen as before."""
+        if told_law is law:
+            return predict(plan) if f is None else f
+        return predict(plan, told_law, np.random.default_rng(1))
 
     if goal is not None and goal.kind == "deadline":
         def solve(h: float):
@@ -86,8 +97,8 @@ def promise_for(args, types, private, work, goal, chosen: Plan | None, confidenc
 
         held = hold_deadline(solve, predict, float(goal.value), confidence)
         if held is None:
-            return PlanPromise(chosen, None if chosen is None else _spot(predict(chosen).promise(confidence)))
-        promise = _spot(held.forecast.promise(confidence, "plan"), held.plan)
+            return PlanPromise(chosen, None if chosen is None else _spot(told(chosen).promise(confidence)))
+        promise = _spot(told(held.plan, held.forecast).promise(confidence, "plan"), held.plan)
         if held.held:
             return PlanPromise(held.plan, promise)
         q = held.forecast.makespan_quantile(confidence)
@@ -96,4 +107,15 @@ def promise_for(args, types, private, work, goal, chosen: Plan | None, confidenc
         return PlanPromise(held.plan, promise, warning)
     if chosen is None:
         return PlanPromise(None, None)
-    return PlanPromise(chosen, _spot(predict(chosen).promise(confidence, "plan"), chosen))
+    return PlanPromise(chosen, _spot(told(chosen).promise(confidence, "plan"), chosen))
+
+
+def _told_law(args, law: RuntimeLaw, pending: Pending, confidence: float) -> RuntimeLaw:
+    """With estimates (nothing has run): the correction ratio known to the declared
+    ``--estimate-bias`` or 15% (broker/core/control/estimate_bias.py); else ``law`` itself."""
+    if pending.estimates_ref_s.size == 0:
+        return law
+    from broker.cli.plan import estimate_bias_from_args
+    from broker.core.control.estimate_bias import prior_ratio_se
+
+    return replace(law, ratio_rel_se=prior_ratio_se(estimate_bias_from_args(args), confidence))

@@ -43,7 +43,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from broker.cli import UsageError
-from broker.cli.plan import add_goal_arguments, confidence_from_args, goal_from_args
+from broker.cli.plan import add_goal_arguments, goal_from_args, promise_options
 from broker.cli.runview import RunConsole
 from broker.core.control.failures import FailurePolicy
 from broker.core.units import parse_duration
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     from broker.core.goal import Goal
 
     goal_arg = goal_from_args(args)
-    confidence_from_args(args)  # a bad --confidence exits 2 before anything starts
+    promise_options(args)  # a bad --confidence or --estimate-bias exits 2 before anything starts
     goal = goal_arg or Goal()  # no goal: the cheapest plan
     tick_s = _duration("--tick", args.tick)
     margin_s = _duration("--margin", args.margin)
@@ -471,7 +471,7 @@ def _run_daemon(args, inventory, bag, goal, run_id, run_dir, scale, tick_s, marg
                       resume=resume is not None, on_stop=args.on_stop,
                       trace=Path(os.environ[TRACE_ENV]) if os.environ.get(TRACE_ENV) else None),
         journal=journal, clock=clock, fleet=fleet, nodes=nodes, inbox=inbox,
-        config=ControllerConfig(tick_s=tick_s, margin_s=margin_s, confidence=confidence_from_args(args)),
+        config=ControllerConfig(tick_s=tick_s, margin_s=margin_s, **promise_options(args)),
         confirm=printer.confirm, on_first_plan=printer.show_plan, on_progress=printer.progress,
         samples=args.prior_samples, on_notice=printer.say,
         failure_policy=FailurePolicy(retries=bag.retries, max_spot_attempts=args.max_spot_attempts),

@@ -56,7 +56,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from broker.cli import UsageError
-    from broker.cli.plan import confidence_from_args, goal_from_args
+    from broker.cli.plan import goal_from_args, promise_options
     from broker.cli.verdict import facts_of_simulation, judge
     from broker.core.units import format_duration, parse_duration
     from broker.config.inventory import load_inventory
@@ -87,7 +87,7 @@ def run(args) -> int:
     except ValueError as exc:
         raise UsageError(f"--idle-timeout/--lease: {exc}") from None
     config = ControllerConfig(policy=args.policy, eta=args.eta, tick_s=tick_s, peer=peer, list_order=args.list_order,
-                              confidence=confidence_from_args(args))
+                              **promise_options(args))
     options = SimOptions(seed=args.seed, speed_noise=args.speed_noise, failure_rate=args.failure_rate,
                          spot=spot_faults_from_args(args, inventory),
                          failures=spot_policy_from_args(args))

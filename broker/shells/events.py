@@ -86,7 +86,8 @@ CATALOGUE: dict[str, EventSpec] = {
         _spec("agent.reader_failed", "the thread reading an agent failed (its node is then lost)", "node error"),
         _spec("agent.tasks_lost", "an agent no longer knew attempts it had been given", "node count"),
         _spec("dispatch.refused", "an assignment hit a busy slot or a gone node", "task node slot reason"),
-        _spec("task.start", "an attempt was started", "task attempt node slot cause"),
+        _spec("task.start", "an attempt was started (or queued at the node's agent: `slot` past its slots, "
+              "see Queue-ahead)", "task attempt node slot cause"),
         _spec("task.done", "an attempt succeeded (the task's result)",
               "task attempt node runtime_s exit_code runtime_ref_s"),
         _spec("task.failed", "an attempt failed; `lost`: with its node or agent (no failure of the task, "

@@ -43,6 +43,10 @@ REMOTE_AGENT_ROOT = "~/.broker"
 # An agent with no broker for this long cancels its tasks and exits (a private node's own
 # ``lease`` overrides it): no agent is left running for ever after a crash nobody resumed.
 DEFAULT_LEASE_S = 3600.0
+# Local agents attached at once: each is two Python start-ups, CPU-bound. Started while the
+# first nodes' tasks already load the machine, the last of 16 local agents were ready 2.5-3.7 s
+# into the run at 8 at once (issue 20, ``bench/bench_daemon.py``); all at once, before the load.
+LOCAL_ATTACH_CONCURRENCY = 32
 SPOT_OPTIONS = ("--spot-metadata", "http://169.254.169.254")  # a spot instance's agent: EC2's metadata
 
 
@@ -61,11 +65,11 @@ class LocalAgents:
         self.lease_s = lease_s
         self.spot_metadata_of: Callable[[str], str] | None = None  # a dry run's fake metadata URL per instance
         self.spot_poll_s: float | None = None
-        self._background = AttachPool(8, self.stop, "local-attach")
+        self._background = AttachPool(LOCAL_ATTACH_CONCURRENCY, self.stop, "local-attach")
 
     def attach_in_background(self, node: str, slots: int, done: Callable[[Any, BaseException | None], None],
                              spot: bool = False) -> None:
-        """:meth:`attach` off the caller's thread, at most 8 at once (:class:`AttachPool`)."""
+        """:meth:`attach` off the caller's thread, at most ``LOCAL_ATTACH_CONCURRENCY`` at once (:class:`AttachPool`)."""
         self._background.submit(node, lambda: self.attach(node, slots, spot=spot), done)
 
     def _spot_options(self, node: str, spot: bool) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from .baselines import list_eta_machines as _list_eta_machines  # noqa: F401 (be
 from .baselines import most_efficient as _most_efficient  # noqa: F401
 from .causes import Policy, ReleaseCause
 from .dispatch import dispatch, keep_running_work
+from .estimate_bias import check_estimate_bias
 from .estimates import RemainingWork, mean_estimate, remaining_work
 from .fleet import plan_and_fleet
 from .peers import PeerOptions
@@ -87,9 +88,16 @@ class ControllerConfig:
     promise_every_s: float = 3600.0
     promise_replicates: int = 200
     promise: bool = True
+    # How far the bag's estimates may be off as a whole, at the confidence, as the user
+    # declares it (``--estimate-bias``; None: undeclared): the promise's prior on the
+    # correction ratio until tasks with estimates have run (estimate_bias.py).
+    estimate_bias: float | None = None
     # Spot offers (spotrates.py): re-plan with each type's interruption rate learned from what
     # the run saw (the declared rate is the prior); False: trust the declared rate.
     learn_spot_rates: bool = True
+    # Queue-ahead (queue_ahead.py): a node holds queued work beyond its slots while the mean
+    # task runs under this many seconds there and plenty is pending; 0 (the simulator): never.
+    queue_ahead_below_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -97,6 +105,7 @@ class ControllerConfig:
         object.__setattr__(self, "policy", Policy(self.policy))  # a plain string comes in too
         if self.list_order not in ("longest", "random"):
             raise ValueError(f"list_order must be longest or random, got {self.list_order!r}")
+        check_estimate_bias(self.estimate_bias)
         if not 0.0 < self.confidence < 1.0:
             raise ValueError(f"confidence must lie strictly between 0 and 1, got {self.confidence!r}")
         if self.list_fleet is not None and any(count < 0 for _, count in self.list_fleet):
@@ -138,6 +147,7 @@ class Controller:
         # rule runs on every decision: its own clock is finer than the monitoring tick).
         every = self.config.policy != Policy.BROKER and getattr(BASELINES[self.config.policy], "every_decision", False)
         rem = remaining_work(snap, self.config.confidence_z) if tick or every else None
+        s.remaining = rem
         if rem is not None:
             if self.config.policy == Policy.BROKER:
                 memory = plan_and_fleet(self, snap, memory, now, rem, s)

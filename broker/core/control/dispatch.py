@@ -16,8 +16,10 @@ from .actions import Assign, Launch, Replicate, ScheduleRelease, SlotRef
 from .baselines import BASELINES
 from .budget import affordable_extension, budget_of, private_until_s
 from .causes import Policy, ReleaseCause, WorkCause
+from .queue_ahead import queue_ahead
 from .scratch import Scratch
 from .snapshot import Memory, NodeView, Snapshot
+from .straggler import keepers, move_stragglers
 
 if TYPE_CHECKING:
     from .controller import Controller
@@ -32,12 +34,8 @@ def keep_running_work(ctl: Controller, snap: Snapshot, now: float, size_ref_s: f
     cfg = ctl.config
     # A task with copies on several machines needs only the one kept longest (a private
     # node: forever); the others may go at their releases.
-    keeper: dict[str, tuple[float, str]] = {}
-    for n in snap.nodes:
-        until = math.inf if n.is_private else (s.release_of(n) if s.release_of(n) is not None else math.inf)
-        for r in n.running:
-            if r.task_id not in keeper or (until, n.id) > keeper[r.task_id]:
-                keeper[r.task_id] = (until, n.id)
+    # (Under a deadline: the copy expected to end first, ``straggler.keepers``.)
+    keeper = keepers(ctl, snap, now, size_ref_s, s)
     rerun = RerunSlots(ctl, snap, now, size_ref_s, s) if len(snap.pending) == 0 and size_ref_s is not None else None
     for n in sorted(snap.nodes, key=lambda n: (s.release_of(n) or math.inf, n.id)):
         if n.is_private or not n.running or n.launched_at_s is None:
@@ -153,6 +151,7 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
         private_until_s(ctl, snap, s, now) if any(n.is_private for n in ready) else math.inf)
     spot = SpotSlots(snap, ready, s.actions)
     idle_slots = _fill(ctl, snap, memory, now, ready, (mean, fit_size, least, fastest, private_until), rng, s, spot)
+    queue_ahead(ctl, snap, now, mean, fit_size, private_until, s, spot)  # short tasks, plenty pending: off by default
     if (idle_slots and fit_rule and budget_of(ctl, snap) is None and snap.count_running() == 0
             and not s.taken and len(snap.pending)):
         # Nothing runs and nothing fits: rather than wait for a plan that thinks the
@@ -168,6 +167,7 @@ def dispatch(ctl: Controller, snap: Snapshot, memory: Memory, now: float, mean_a
     if (ctl.config.replicate and ctl.config.policy == Policy.BROKER and len(snap.pending) - len(s.taken) <= 0
             and idle_slots and _copy_may_win(snap, now)):  # the idle slots are free nodes' of the snapshot
         replicate(snap, now, mean, idle_slots, s)
+        move_stragglers(ctl, snap, now, idle_slots, s)
 
 
 def _copy_may_win(snap: Snapshot, now: float) -> bool:
@@ -431,6 +431,8 @@ class _Tail:
             for r in n.running:
                 tid = r.task_id
                 copies[tid] = copies.get(tid, 0) + 1
+                if r.queued:
+                    continue  # not started (queue_ahead.py): nothing to copy ahead of
                 est = r.estimate_ref_s if r.estimate_ref_s is not None else mean
                 end = r.started_at_s + est / speed
                 size = est

@@ -88,7 +88,7 @@ def censored_moments(snap: Snapshot) -> tuple[float, float] | None:
     ages: dict[str, float] = {}
     for node in snap.nodes:
         for r in node.running:
-            if r.estimate_ref_s is None:
+            if r.estimate_ref_s is None and not r.queued:  # a queued task has not started: no age
                 a = max(0.0, snap.now_s - r.started_at_s) * node.speed
                 ages[r.task_id] = max(a, ages.get(r.task_id, 0.0))  # a replica: the older copy
     if not ages:
@@ -130,7 +130,7 @@ def remaining_work(snap: Snapshot, z: float = 1.645) -> RemainingWork | None:
     for node in snap.nodes:
         for r in node.running:
             n_running += 1
-            elapsed_ref = max(0.0, snap.now_s - r.started_at_s) * node.speed
+            elapsed_ref = 0.0 if r.queued else max(0.0, snap.now_s - r.started_at_s) * node.speed
             running_work += residual_ref_s(r.estimate_ref_s, elapsed_ref, mu, sd, ratio)
     point = pending_work + running_work
     # Tasks without estimates: mean-sized, so the error of the mean is shared by all of them.

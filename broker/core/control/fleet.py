@@ -317,7 +317,7 @@ def running_work_finished(n: NodeView, now: float, stop: float, rem: RemainingWo
     ($198, 66 units; with this rule and ``last_chance_to_shorten``, $195)."""
     done = 0.0
     for r in n.running:
-        elapsed = max(0.0, now - r.started_at_s) * n.speed
+        elapsed = 0.0 if r.queued else max(0.0, now - r.started_at_s) * n.speed
         left = residual_ref_s(r.estimate_ref_s, elapsed, rem.mean_ref_s, rem.sd_ref_s, rem.estimate_ratio)
         if now + left / n.speed <= stop:
             done += left

@@ -35,6 +35,7 @@ import numpy as np
 from ..plan.promise import hold_deadline
 from .actions import Launch
 from .causes import LaunchCause
+from .estimate_bias import promise_ratio_se
 from .estimates import RemainingWork
 from .planning import PlanResult
 from .promising import forecast_fleet, tail_fitted, tail_size_ref_s
@@ -167,7 +168,9 @@ def update_promise(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
                        memory.tail_size_ref_s, replicates=reps)
     if f is None:
         return memory
-    told = _after_give_backs(ctl, snap, memory, now, rem, s, launches, f, reps)
+    # the estimates' bias as the user is told it (estimate_bias.py)
+    se = promise_ratio_se(snap, ctl.config.estimate_bias, conf)
+    told = _after_give_backs(ctl, snap, memory, now, rem, s, launches, f, reps, horizon, se)
     why = ("first plan" if memory.first_promise is None else f"re-plan ({cause or 'replan'})") + (
         f": {rem.pending} tasks pending, {rem.running} running, {rem.point_ref_s:.4g} ref-s of work left")
     band = promise_band(rem)
@@ -203,7 +206,7 @@ def _give_back_s(ctl: Controller, snap: Snapshot, tail_allowance_s: float, now: 
 
 
 def _after_give_backs(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork, s: Scratch,
-                      launches, f, reps: int):
+                      launches, f, reps: int, horizon0: float | None = None, told_se: float | None = None):
     """The forecast a deadline's promise is read off: the fleet shed against the planning
     deadline the controller holds now, and against the one it will hold.
 
@@ -218,24 +221,25 @@ def _after_give_backs(ctl: Controller, snap: Snapshot, memory: Memory, now: floa
     of both forecasts: the run as it stands and the run after the give-backs. (Off the
     second alone, the thesis LL bag was promised too late as often as before too early.)
 
-    ``f`` is the controller's forecast (its law: ``promising.runtime_law``), and the
-    give-backs are decided on its forecasts, as the controller will decide them; what is
-    returned is read off the promise's law, the censored tail fitted, at the planning
-    deadline now and at the one after the give-backs."""
+    ``told_se``: the correction ratio's error the promise states (``estimate_bias.py``), when
+    it is not the controller's: the give-backs are decided on the controller's forecasts, and
+    the runs they leave are forecast again with it (the same draws otherwise), and with the
+    promise's runtime law (the censored tail fitted, ``promising.runtime_law``) and its
+    lengthening rule (``shed.py``), which the controller's forecasts leave out."""
     fitted = tail_fitted(snap)
 
-    def shown(at: float | None, k: int, ctl_f):
-        if not fitted:
-            return ctl_f
-        g = forecast_fleet(ctl, snap, rem, now, dict(s.release), launches, promise_rng(snap, now + k), at,
-                           memory.tail_size_ref_s, replicates=reps, fit_tail=True)
-        return ctl_f if g is None else g
+    def told(h, t, g):
+        if told_se is None and not fitted:
+            return g
+        again = forecast_fleet(ctl, snap, rem, now, dict(s.release), launches, promise_rng(snap, t), h,
+                               memory.tail_size_ref_s, replicates=reps, ratio_rel_se=told_se, fit_tail=fitted)
+        return g if again is None else again
 
     if ctl.goal.kind != "deadline" or memory.deadline_at_s is None:
-        return shown(None if ctl.goal.kind == "budget" else memory.deadline_at_s, 0, f)
-    now_f, rounds = f, 0
+        return told(horizon0, now, f)
+    now_f = f
     allowance, horizon = memory.tail_allowance_s, memory.deadline_at_s
-    at_f = horizon
+    at = now
     for k in range(GIVE_BACK_ROUNDS):
         give = _give_back_s(ctl, snap, allowance, now, f)
         if give <= 0:
@@ -245,9 +249,9 @@ def _after_give_backs(ctl: Controller, snap: Snapshot, memory: Memory, now: floa
                                horizon, memory.tail_size_ref_s, replicates=reps)
         if later is None:
             break
-        f, rounds, at_f = later, k + 1, horizon
-    first = shown(memory.deadline_at_s, 0, now_f)
-    return first if f is now_f else _mixture(first, shown(at_f, rounds, f))
+        f, at = later, now + k + 1
+    first = told(memory.deadline_at_s, now, now_f)
+    return first if f is now_f else _mixture(first, told(horizon, at, f))
 
 
 def _mixture(a, b):

@@ -36,22 +36,26 @@ from .snapshot import Snapshot
 CAP_WITHOUT_TIMEOUT = 4.0  # x the longest runtime seen, when the bag states no timeout
 
 
-def runtime_law(snap: Snapshot, rem: RemainingWork, fit_tail: bool = False) -> RuntimeLaw:
-    """The law the snapshot supports; ``fit_tail``: the promise's (the user is shown it),
+def runtime_law(snap: Snapshot, rem: RemainingWork, ratio_rel_se: float | None = None,
+                fit_tail: bool = False) -> RuntimeLaw:
+    """The law the snapshot supports. ``ratio_rel_se``: the correction ratio's error when the
+    caller knows it (the promise's, ``estimate_bias.promise_ratio_se``); default the
+    controller's s_r / sqrt(k + 30). ``fit_tail``: the promise's (the user is shown it),
     with the censored tail fitted (``tailfit.py``). The controller's forecasts (the deadline
     hold, the tail allowance, the tail size the dispatcher keeps) use the law without it:
     its rules were tuned on that law, and with the fitted tail they bought more and held
     deadlines worse (test_control_deadline_tail seed 7: 10.64 h against a 9 h deadline, the
     league's LM20 no-estimates knee run all 80 instances)."""
     obs = snap.observations
-    est_kw = dict(estimate_rel_sd=obs.ratio_sd(), estimate_ratio=rem.estimate_ratio,
-                  ratio_rel_se=obs.ratio_sd() / math.sqrt(max(obs.count_with_estimate, 0) + PRIOR_WEIGHT))
+    if ratio_rel_se is None:
+        ratio_rel_se = obs.ratio_sd() / math.sqrt(max(obs.count_with_estimate, 0) + PRIOR_WEIGHT)
+    est_kw = dict(estimate_rel_sd=obs.ratio_sd(), estimate_ratio=rem.estimate_ratio, ratio_rel_se=ratio_rel_se)
     longest = max(obs.max_ref_s, rem.mean_ref_s)
     cap = snap.timeout_ref_s if snap.timeout_ref_s else CAP_WITHOUT_TIMEOUT * longest
     finished = snap.finished_ref_s
     if finished is not None and len(finished) >= 2:
         ages = [max(0.0, snap.now_s - r.started_at_s) * n.speed
-                for n in snap.nodes for r in n.running if r.estimate_ref_s is None]
+                for n in snap.nodes for r in n.running if r.estimate_ref_s is None and not r.queued]
         # the fitted tail runs up to the cap: only a stated timeout is one (4x the longest
         # seen is a guess; on thesis LM, cut at 256 min, the fit put the promise at 10% done
         # 5-20% above the delivered cost, |dC| 7.6% against 2.7%)
@@ -77,7 +81,8 @@ def fleet_after(snap: Snapshot, now: float, releases: Mapping[str, float],
     for n in snap.nodes:
         if n.lost:
             continue
-        running = tuple(((max(0.0, now - r.started_at_s) * n.speed), r.estimate_ref_s) for r in n.running)
+        running = tuple(((max(0.0, now - r.started_at_s) * n.speed), r.estimate_ref_s) for r in n.running
+                        if not r.queued)  # queued at the node's agent: pending to the forecast
         if n.is_private:
             out.append(Machine(n.slots, n.speed, now, math.inf, cost.get(n.id, 0.0), running=running))
             continue
@@ -110,15 +115,20 @@ def closed_spend_usd(snap: Snapshot, now: float) -> float:
 def forecast_fleet(ctl, snap: Snapshot, rem: RemainingWork, now: float, releases: Mapping[str, float],
                    launches: Sequence[tuple[str, int, float]], rng: np.random.Generator,
                    horizon_at_s: float | None = None, tail_ref_s: float | None = None,
-                   replicates: int | None = None, fit_tail: bool = False) -> Forecast | None:
+                   replicates: int | None = None, ratio_rel_se: float | None = None,
+                   fit_tail: bool = False) -> Forecast | None:
     """The forecast of the run with this fleet (None when there is no machine at all);
     ``horizon_at_s``: the planning deadline the controller sheds surplus against;
-    ``fit_tail``: on the promise's law (``runtime_law``)."""
+    ``ratio_rel_se``, ``fit_tail``: see :func:`runtime_law` (``fit_tail``: the promise's
+    view, also of lengthening, ``shed.py``)."""
     machines = fleet_after(snap, now, releases, launches, ctl.private)
     if not machines:
         return None
-    law = runtime_law(snap, rem, fit_tail)
-    pending = Pending(snap.pending.unknown_count, np.asarray(snap.pending.known_estimates_ref_s(), dtype=float))
+    law = runtime_law(snap, rem, ratio_rel_se, fit_tail)
+    queued = [r.estimate_ref_s for n in snap.nodes for r in n.running if r.queued]  # not started: pending
+    pending = Pending(snap.pending.unknown_count + sum(e is None for e in queued),
+                      np.asarray(sorted(snap.pending.known_estimates_ref_s() + [e for e in queued if e is not None]),
+                                 dtype=float))
     fit = rem.mean_ref_s + ctl.config.fit_z * rem.sd_ref_s  # the dispatcher's size for a task without an estimate
     keep = keep_margin(ctl, rem)
     return forecast(machines, law, pending, now_s=now, started_at_s=snap.started_at_s,

@@ -18,6 +18,7 @@ class Scratch:
     used_slots: set[tuple[str, int]] = field(default_factory=set)  # slots given work in this decision
     release: dict[str, float] = field(default_factory=dict)  # releases changed by this decision
     launched_usd: float = 0.0
+    remaining: object | None = None  # the decision's RemainingWork: tick decisions only (None: not computed)
 
     def release_of(self, node: NodeView) -> float | None:
         return self.release.get(node.id, node.release_at_s)

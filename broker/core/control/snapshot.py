@@ -22,6 +22,7 @@ class RunningTask:
     slot: int
     started_at_s: float
     estimate_ref_s: float | None  # the bag's estimate, None when non-clairvoyant
+    queued: bool = False  # held at its node's agent behind the running tasks (queue_ahead.py): not started
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import queue
 import statistics
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
@@ -93,6 +94,8 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin, SpotMixin):
         self.inv, self.bag, self.goal, self.opt = inventory, bag, goal, options
         self.journal, self.clock, self.fleet, self.nodes, self.inbox = journal, clock, fleet, nodes, inbox
         self.config = config or ControllerConfig(tick_s=options.tick_s)
+        if self.config.queue_ahead_below_s == 0 and options.queue_ahead_s > 0:  # in the run's seconds
+            self.config = replace(self.config, queue_ahead_below_s=options.queue_ahead_s * clock.time_scale)
         self.controller = Controller(goal, self.config, private=inventory.private)
         self.confirm, self.on_first_plan, self.on_progress = confirm, on_first_plan, on_progress
         self.on_notice = on_notice  # a warning line for the console (a node refused, waited for)
@@ -197,6 +200,7 @@ class Daemon(AttemptsMixin, NodesMixin, SweepMixin, SpotMixin):
         if self.trace is not None:
             self.trace.write({"header": {"seed": self.opt.seed, "goal": [self.goal.kind, self.goal.value],
                                          "tick_s": self.config.tick_s, "margin_s": self.config.margin_s,
+                                         "queue_ahead_below_s": self.config.queue_ahead_below_s,
                                          "ledger": options}})
         self._new_ledger(Ledger(self.types, **options))
         tasks = [(t.id, self.estimates[t.id]) for t in self.bag.tasks]

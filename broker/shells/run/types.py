@@ -139,3 +139,6 @@ class DaemonOptions:
     resume: bool = False  # rebuild the run from its journal instead of starting it
     on_stop: str = "release"  # on SIGINT/SIGTERM: "release" everything, or "leave" it running
     trace: Path | None = None  # append every ledger event and decision here (replay tests)
+    # Queue-ahead (core/control/queue_ahead.py): agents hold queued work while the bag's mean
+    # task runs under this many wall seconds (hiding the round trip to the loop); 0: never.
+    queue_ahead_s: float = 2.0

@@ -38,6 +38,7 @@ from ..failures import FailureBook, FailurePolicy, TypeCooldown, may_give_up
 from ..pool import TaskPool
 from ..snapshot import Observations
 from .inflight import InflightMixin
+from .queue import QueueMixin
 from .records import STALE, Attempt, Ended, Followup, NodeQuarantined, NodeRecord, Quarantine, Requeue
 from .snapshots import SnapshotMixin
 from .spot import SpotMixin
@@ -73,7 +74,7 @@ def private_cost_usd(nodes: Iterable[NodeRecord | PrivateNode], makespan_s: floa
     return sum(n.cost_per_hour for n in nodes if getattr(n, "type", None) is None) * makespan_s / 3600.0
 
 
-class Ledger(SnapshotMixin, InflightMixin, SpotMixin):
+class Ledger(SnapshotMixin, InflightMixin, SpotMixin, QueueMixin):
     """A run's tasks, attempts and nodes (see the module docstring)."""
 
     def __init__(self, types: Mapping[str, MachineType], policy: FailurePolicy = FailurePolicy(), *,
@@ -197,7 +198,7 @@ class Ledger(SnapshotMixin, InflightMixin, SpotMixin):
         gone, lost or not ready) or the task is not pending (not running, for a replica)."""
         node = self.nodes.get(node_id)
         if (node is None or not node.alive or node.down or node.ready_at_s is None
-                or slot in node.running or not 0 <= slot < node.slots):
+                or slot in node.running or not self._position_ok(node, slot)):
             return None
         if replica:
             if not self._copies.get(task_id):
@@ -222,7 +223,7 @@ class Ledger(SnapshotMixin, InflightMixin, SpotMixin):
         node = self.nodes.get(node_id)
         if node is None or task_id not in self.estimates or task_id in self.done or task_id in self.quarantined:
             return None
-        free = [i for i in range(node.slots) if i not in node.running]
+        free = self._free_positions(node)
         if not free:
             return None
         if task_id in self.pool:
@@ -252,6 +253,7 @@ class Ledger(SnapshotMixin, InflightMixin, SpotMixin):
         if not copies:
             del self._copies[a.task_id]
         self._touch(node)
+        self._start_queued(node, a.slot, now)
 
     def _find(self, node_id: str, task_id: str, attempt: int) -> Attempt | None:
         for a in self._copies.get(task_id, {}).values():
@@ -359,7 +361,7 @@ class Ledger(SnapshotMixin, InflightMixin, SpotMixin):
         node = self.nodes.get(node_id)
         if node is None:
             return []
-        stopped = list(node.running.values())
+        stopped = self._stop_order(node)
         for a in stopped:
             self._stop(a, now)
         out: list[Followup] = [Cancel(a.task_id, a.attempt, cause, a.node) for a in stopped]
@@ -546,7 +548,7 @@ class Ledger(SnapshotMixin, InflightMixin, SpotMixin):
         if node is None or node.type is None or node.terminated_at_s is not None:
             return []
         self._advance_billing(now)
-        stopped = list(node.running.values())
+        stopped = self._stop_order(node)
         for a in stopped:
             self._stop(a, now)
         if node.alive:

@@ -62,7 +62,7 @@ class SnapshotMixin:
         :class:`RunningTask` is made once, not at every rebuild of its node's view."""
         if step > 0:
             node.running_views[a.slot] = RunningTask(a.task_id, a.attempt, a.slot, a.started_at_s,
-                                                     self.estimates.get(a.task_id))
+                                                     self.estimates.get(a.task_id), a.slot >= node.slots)
         else:
             del node.running_views[a.slot]
         left = self._running_speeds.get(node.speed, 0) + step

@@ -76,8 +76,8 @@ class SpotMixin:
         self._set_lost(node)
         out: list[Followup] = []
         for a in list(node.running.values()):
-            if self._expected_end_s(a, node, now) <= terminate_at_s:
-                continue
+            if a.slot < node.slots and self._expected_end_s(a, node, now) <= terminate_at_s:
+                continue  # (a task queued at the agent has not started: it goes elsewhere)
             self._stop(a, now)
             self.spot_counts.requeued_at_notice += 1
             out += self._interrupted(a, node, now, WorkCause.SPOT_NOTICE)
