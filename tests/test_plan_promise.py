@@ -155,6 +155,11 @@ def test_running_tasks_are_censored_not_short():
     # unconditional draws would mostly be 100 s (done at 600 s); the spread is the error of
     # a mean known from 24 runtimes
     assert f.makespan_quantile(0.5) >= 1800.0 and f.makespan_quantile(0.05) >= 1000.0
+    # the promise's law weighs each atom by the runtimes behind it: the long part (29% of
+    # the mass) is known from the 4 runtimes of 2,000 s, so its spread is wider
+    law = RuntimeLaw.observed(finished, [500.0] * 4, cap_ref_s=10_000.0, fit_tail=True)
+    f = forecast(m, law, Pending(0), now_s=500.0, rng=np.random.default_rng(0))
+    assert f.makespan_quantile(0.5) >= 1800.0 and f.makespan_quantile(0.05) >= 900.0
 
 
 def test_estimates_first_and_their_error_spreads_the_promise():

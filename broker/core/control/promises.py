@@ -38,7 +38,7 @@ from .causes import LaunchCause
 from .estimate_bias import promise_ratio_se
 from .estimates import RemainingWork
 from .planning import PlanResult
-from .promising import forecast_fleet, tail_size_ref_s
+from .promising import forecast_fleet, tail_fitted, tail_size_ref_s
 from .replan import hedge_can_wait, solve
 from .snapshot import Memory, Snapshot
 
@@ -223,12 +223,16 @@ def _after_give_backs(ctl: Controller, snap: Snapshot, memory: Memory, now: floa
 
     ``told_se``: the correction ratio's error the promise states (``estimate_bias.py``), when
     it is not the controller's: the give-backs are decided on the controller's forecasts, and
-    the runs they leave are forecast again with it (the same draws otherwise)."""
+    the runs they leave are forecast again with it (the same draws otherwise), and with the
+    promise's runtime law (the censored tail fitted, ``promising.runtime_law``) and its
+    lengthening rule (``shed.py``), which the controller's forecasts leave out."""
+    fitted = tail_fitted(snap)
+
     def told(h, t, g):
-        if told_se is None:
+        if told_se is None and not fitted:
             return g
         again = forecast_fleet(ctl, snap, rem, now, dict(s.release), launches, promise_rng(snap, t), h,
-                               memory.tail_size_ref_s, replicates=reps, ratio_rel_se=told_se)
+                               memory.tail_size_ref_s, replicates=reps, ratio_rel_se=told_se, fit_tail=fitted)
         return g if again is None else again
 
     if ctl.goal.kind != "deadline" or memory.deadline_at_s is None:

@@ -6,14 +6,20 @@ or a lognormal of a stated mean and sd on quantile atoms. What is uncertain abou
 replicate of the forecast:
 
 - the mean and shape: a Bayesian bootstrap re-weighs the observed atoms (Dirichlet with
-  parameters weights x n), each replicate's mean moved to its bootstrap-t reading
-  ``mu_r = m - t_r s / sqrt(n)``, ``t_r = (m_r - m) / (s_r / sqrt(n))``;
+  parameters the runtimes behind each atom, below), each replicate's mean moved to its
+  bootstrap-t reading ``mu_r = m - t_r s / sqrt(n)``, ``t_r = (m_r - m) / (s_r / sqrt(n))``;
   for a stated law, a lognormal multiplier of mean 1 and relative sd ``mean_rel_se``;
 - the unseen tail: one new task outruns all ``n`` runtimes seen with probability
   ``1 / (n + 1)``; it then lies past the longest by an exponential of the top runtimes'
   mean excess (single tasks only: a sum's mean is unbiased without it);
-- the mass Kaplan-Meier leaves beyond the longest runtime seen (tasks still running past
-  every finished one) sits at the longest seen plus that mean excess, never past the cap;
+- the tail Kaplan-Meier cannot place (past the last runtime ``TAIL_AT_RISK`` tasks reached,
+  once ``TAIL_FIT_EVENTS`` have ended): a lognormal fitted to the law's upper part,
+  conditioned on the cut, refitted on each replicate's weights (``tailfit.py``); with
+  fewer runtimes, the mass of the tasks still running past every finished one sits at the
+  longest seen plus that mean excess, never past the cap;
+- the bootstrap weighs each atom by the runtimes behind it (an event time by the tasks that
+  ended there, the tail by the tasks that ran that long), not by ``weights x n``: under
+  censoring a long runtime stands for more mass than one n-th, and as sure as one;
 - a running task older than every runtime seen needs an exponential remainder of mean
   half its age (or the mean excess, if more), never past the cap.
 """
@@ -25,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+
+from .tailfit import TAIL_AT_RISK, TAIL_FIT_EVENTS, fitted_tails
 
 _ATOMS = 4096  # quantile atoms of a parametric runtime law (the last at z = 3.7)
 _MAX_ATOMS = 1000  # atoms a replicate re-weighs ...
@@ -54,6 +62,12 @@ class RuntimeLaw:
     sample_size: float | None = None
     tail_from_ref_s: float | None = None  # the longest runtime seen ...
     tail_excess_ref_s: float = 0.0  # ... and the mean excess of the longest ones over the next
+    # The runtimes behind each atom (Kaplan-Meier: the tasks that ended there; the mass past
+    # the longest seen: the tasks still running past it), when they are not weights x
+    # sample_size: the bootstrap then draws atom k's weight as weights_k Gamma(c_k) / c_k.
+    atom_counts: np.ndarray | None = None
+    tail_atoms: int = 0  # the last atoms are one fitted tail block: one weight draw moves them all ...
+    tail_cut_ref_s: float | None = None  # ... past this runtime, refitted per replicate (``tailfit.py``)
     _cum: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -66,24 +80,55 @@ class RuntimeLaw:
 
     @classmethod
     def observed(cls, finished_ref_s: Sequence[float], running_ages_ref_s: Sequence[float], cap_ref_s: float,
-                 **kw) -> "RuntimeLaw":
-        """The Kaplan-Meier law of finished runtimes with running tasks censored at their age."""
+                 fit_tail: bool = False, **kw) -> "RuntimeLaw":
+        """The Kaplan-Meier law of finished runtimes with running tasks censored at their age.
+
+        ``fit_tail`` False (the controller's law, ``promising.runtime_law``): no fitted tail, each atom weighed ``weights x n`` by the bootstrap, the mass past every runtime
+        seen at the longest plus the mean excess; what its deadline hold, hedge and tail
+        allowance were tuned on (with the fitted tail they decided worse: ``promising.py``)."""
         from ..estimate.survival import KaplanMeier
 
         km = KaplanMeier(finished_ref_s, running_ages_ref_s, cap_ref_s)
         values, weights = km.atoms()
-        n = max(km.events, 1)
         events = np.sort(np.asarray(finished_ref_s, dtype=float))[::-1]
         ages = np.asarray(running_ages_ref_s, dtype=float)
+        times, deaths = np.unique(events, return_counts=True)
+        everything = np.sort(np.concatenate((events, ages)))
+        at_risk = everything.size - np.searchsorted(everything, times, side="left")
+        counts = np.concatenate((deaths, [0])).astype(float)
+        n = max(km.events, 1)
         seen = max(float(events[0]) if events.size else 0.0, float(ages.max()) if ages.size else 0.0)
         k = min(max(3, int(math.sqrt(events.size))), events.size - 1)
         excess = float(np.mean(events[:k] - events[k])) if k >= 1 else 0.5 * seen
-        # KM leaves the mass of tasks still running past every runtime seen at the cap; it
-        # lies beyond the longest seen, by the tail's mean excess (never past the cap).
-        if weights[-1] > 0 and values[-1] > seen:
+        # Past the last runtime seen by at least TAIL_AT_RISK tasks, Kaplan-Meier's mass is a
+        # guess (all of it at the longest runtime seen, or at the cap): it goes where a
+        # lognormal fitted to the law's upper part puts it (``tailfit.py``; on lognormal(sigma
+        # 1.5) runtimes at 10% done the mean was otherwise 5% low), one block vouched for by
+        # the tasks that ran that long, refitted per replicate.
+        block, cut_at = 0, None
+        cut = np.flatnonzero(at_risk >= TAIL_AT_RISK)
+        i = int(cut[-1]) if cut.size else -1
+        # only once the body is known well enough to fit (TAIL_FIT_EVENTS runtimes; fitted
+        # to the 30 runtimes of a first plan, it made the thesis LL promise 60% high)
+        if fit_tail and i >= 0 and km.events >= TAIL_FIT_EVENTS and weights[i + 1:].sum() > 0:
+            tail = fitted_tails(values[:i + 1], np.cumsum(weights[:i + 1])[None, :], float(times[i]), km.cap_ref_s)[0]
+            if np.isfinite(tail).all():
+                left = float(weights[i + 1:].sum())
+                values = np.concatenate((values[:i + 1], tail))
+                weights = np.concatenate((weights[:i + 1], np.full(tail.size, left / tail.size)))
+                beyond = float(everything.size - np.searchsorted(everything, times[i], side="right"))
+                counts = np.concatenate((counts[:i + 1], np.full(tail.size, max(beyond, 1.0) / tail.size)))
+                block = tail.size
+                cut_at = float(times[i])
+        if not block and weights[-1] > 0 and values[-1] > seen:
+            # else the mass of tasks running past every runtime seen lies beyond the longest
+            # seen by the tail's mean excess (never past the cap), vouched for by those tasks
             values[-1] = min(seen + excess, km.cap_ref_s)
+            counts[-1] = max(1.0, float(np.sum(ages > (events[0] if events.size else 0.0))))
         keep = weights > 0
         return cls(values[keep], weights[keep], kw.pop("mean_rel_se", 0.0), km.cap_ref_s, sample_size=n,
+                   atom_counts=counts[keep] if fit_tail else None, tail_atoms=int(keep[keep.size - block:].sum()) if block else 0,
+                   tail_cut_ref_s=cut_at,
                    tail_from_ref_s=seen if events.size else None, tail_excess_ref_s=excess, **kw)
 
     @classmethod
@@ -193,7 +238,40 @@ class _Replicas:
 
     def __init__(self, law: RuntimeLaw, R: int, rng: np.random.Generator):
         self.law = law
-        v, w = _pooled(law.values_ref_s, law.weights)
+        if law.atom_counts is None and not law.tail_atoms:
+            self._plain(law, R, rng)
+            return
+        counts = None if law.sample_size is None else (
+            law.weights * law.sample_size if law.atom_counts is None else law.atom_counts)
+        v, w, c = _pooled(law.values_ref_s, law.weights, counts)
+        if law.sample_size is not None:
+            c = np.maximum(c, 1e-3)
+            g = w[None, :] * rng.standard_gamma(c[None, :], size=(R, v.size)) / c[None, :]
+            b = law.tail_atoms
+            if b:  # the fitted tail moves as one block (its split is the fit's, not data's)
+                cb = float(c[-b:].sum())
+                g[:, -b:] = w[None, -b:] * (rng.standard_gamma(cb, size=R) / cb)[:, None]
+            w_r = g / g.sum(axis=1, keepdims=True)
+            vr = _refitted(v, w_r, b, law.tail_cut_ref_s, law.cap_ref_s)
+            scale = _bootstrap_t_scale(v, w, w_r, law.sample_size, vr)
+            w = w_r
+        else:
+            w = np.broadcast_to(w, (R, v.size))
+            scale = law.mean_multipliers(rng, R)
+            vr = np.broadcast_to(v, (R, v.size))
+        self.values = vr  # (R, A): the atoms, the fitted tail's per replicate
+        self.scale = scale
+        base = (w * vr).sum(axis=1)
+        self.mean = scale * base
+        self.var = scale**2 * np.maximum((w * vr * vr).sum(axis=1) - base * base, 0.0)
+        self.cum = _row_cumsum(w)
+        self.cum_biased = _row_cumsum(w * vr)
+        self.ratio_to_law = self.mean / max(law.mean_ref_s, 1e-12)
+
+    def _plain(self, law: RuntimeLaw, R: int, rng: np.random.Generator) -> None:
+        """The controller's law (no fitted tail, atoms weighed ``weights x n``): shared
+        atoms, drawn and summed exactly as its decisions were tuned on."""
+        v, w, _c = _pooled(law.values_ref_s, law.weights)
         if law.sample_size is not None:
             g = rng.standard_gamma(np.maximum(w * law.sample_size, 1e-3)[None, :], size=(R, v.size))
             w_r = g / g.sum(axis=1, keepdims=True)
@@ -202,7 +280,7 @@ class _Replicas:
         else:
             w = np.broadcast_to(w, (R, v.size))
             scale = law.mean_multipliers(rng, R)
-        self.values = v
+        self.values = v  # (A,): shared by every replicate
         self.scale = scale
         base = w @ v
         self.mean = scale * base
@@ -211,16 +289,19 @@ class _Replicas:
         self.cum_biased = _row_cumsum(w * v[None, :])
         self.ratio_to_law = self.mean / max(law.mean_ref_s, 1e-12)
 
+    def _atoms(self, idx: np.ndarray) -> np.ndarray:
+        return self.values[idx] if self.values.ndim == 1 else np.take_along_axis(self.values, idx, 1)
+
     def draw(self, rng, k: int, unseen: bool = False) -> np.ndarray:
         """(R, k) runtimes; ``unseen``: from the predictive law of one new task (below)."""
-        x = np.minimum(self.values[_row_search(self.cum, rng.random((self.cum.shape[0], k)))] * self.scale[:, None],
+        x = np.minimum(self._atoms(_row_search(self.cum, rng.random((self.cum.shape[0], k)))) * self.scale[:, None],
                        self.law.cap_ref_s)
         return self._unseen(rng, x) if unseen else x
 
     def draw_residual(self, rng, k: int) -> np.ndarray:
         """(R, k): the remaining work of a task caught part-way at a random moment (density
         S(x)/mu: a length-biased draw times a uniform)."""
-        x = self.values[_row_search(self.cum_biased, rng.random((self.cum.shape[0], k)))]
+        x = self._atoms(_row_search(self.cum_biased, rng.random((self.cum.shape[0], k))))
         return self._unseen(rng, np.minimum(x * self.scale[:, None], self.law.cap_ref_s)) * rng.random(x.shape)
 
     def _unseen(self, rng, x: np.ndarray) -> np.ndarray:
@@ -242,7 +323,20 @@ class _Replicas:
         return x
 
 
-def _bootstrap_t_scale(v, w, w_r, n: float) -> np.ndarray:
+def _refitted(v: np.ndarray, w_r: np.ndarray, b: int, cut: float | None, cap: float) -> np.ndarray:
+    """(R, A) atoms: the shared ones, the last ``b`` (a fitted tail) refitted on each
+    replicate's weights (the law's own where a replicate's fit fails)."""
+    R = w_r.shape[0]
+    vr = np.broadcast_to(v, (R, v.size))
+    if not b or cut is None:
+        return vr
+    tails = fitted_tails(v[:-b], np.cumsum(w_r[:, :-b], axis=1), cut, cap)
+    vr = vr.copy()
+    vr[:, -b:] = np.where(np.isfinite(tails), tails, v[None, -b:])
+    return vr
+
+
+def _bootstrap_t_scale(v, w, w_r, n: float, vr: np.ndarray | None = None) -> np.ndarray:
     """(R,) factors that move each replicate's mean to the bootstrap-t reading of it.
 
     The bootstrap mean ``m_r`` of a right-skewed sample is too rarely far above ``m``: a
@@ -256,24 +350,31 @@ def _bootstrap_t_scale(v, w, w_r, n: float) -> np.ndarray:
     s = math.sqrt(max(float(w @ (v * v)) - m * m, 0.0))
     if s <= 0 or m <= 0:
         return np.ones(w_r.shape[0])
-    m_r = w_r @ v
-    s_r = np.sqrt(np.maximum(w_r @ (v * v) - m_r * m_r, 1e-300))
+    if vr is None:  # shared atoms (the controller's law: summed as it was tuned on)
+        m_r = w_r @ v
+        s_r = np.sqrt(np.maximum(w_r @ (v * v) - m_r * m_r, 1e-300))
+    else:
+        m_r = (w_r * vr).sum(axis=1)
+        s_r = np.sqrt(np.maximum((w_r * vr * vr).sum(axis=1) - m_r * m_r, 1e-300))
     t = np.clip((m_r - m) / (s_r / math.sqrt(n)), -6.0, 6.0)
     mu = np.clip(m - t * s / math.sqrt(n), m / 5, 5 * m)
     return mu / m_r
 
 
-def _pooled(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _pooled(values: np.ndarray, weights: np.ndarray, counts: np.ndarray | None = None):
+    """(values, weights, counts) with at most ``_MAX_ATOMS`` atoms (counts None: None)."""
     order = np.argsort(values, kind="stable")
     v, w = values[order], weights[order]
+    c = None if counts is None else np.asarray(counts, dtype=float)[order]
     if v.size <= _MAX_ATOMS:
-        return v, w
+        return v, w, c
     head = v.size - _KEPT_TAIL
     groups = _MAX_ATOMS - _KEPT_TAIL
     edges = np.linspace(0, head, groups + 1).astype(int)
     mass = np.add.reduceat(w[:head], edges[:-1])
     mean = np.add.reduceat(w[:head] * v[:head], edges[:-1]) / np.maximum(mass, 1e-300)
-    return np.concatenate((mean, v[head:])), np.concatenate((mass, w[head:]))
+    pooled_c = None if c is None else np.concatenate((np.add.reduceat(c[:head], edges[:-1]), c[head:]))
+    return np.concatenate((mean, v[head:])), np.concatenate((mass, w[head:])), pooled_c
 
 
 def _row_cumsum(w: np.ndarray) -> np.ndarray:

@@ -256,6 +256,7 @@ def forecast(
     tail_ref_s: float | None = None,
     budget_usd: float | None = None,
     idle_release_s: float = IDLE_RELEASE_S,
+    bare_lengthen: bool = False,
 ) -> Forecast:
     """Simulate the rest of the run ``replicates`` times; see the module docstring.
 
@@ -271,6 +272,7 @@ def forecast(
     the fastest takes no task once ``tail_ref_s`` would not end there by the deadline.
     ``budget_usd``: a hard cap: no instance works past its release, work left goes to the
     private nodes or stays undone (the run stops, exit 1), no cost exceeds the cap.
+    ``bare_lengthen``: the promise's view of lengthening (``shed.py``), not the controller's.
     """
     R = int(replicates)
     slots = _slot_table(machines)
@@ -296,7 +298,8 @@ def forecast(
         keep = lo + (hi - lo) * rng.random(R)
         need = (work + x.sum(axis=1) + ((busy - now_s) * speed).sum(axis=1)) * (1.0 + keep)
         start = busy + end_allowance_s + 0.5 * laws.mean[:, None] / speed
-        rel = _shed(machines, slots, rel, busy, start, speed, need, horizon_at_s, now_s)
+        bare = need / (1.0 + keep) if bare_lengthen else None
+        rel = _shed(machines, slots, rel, busy, start, speed, need, horizon_at_s, now_s, bare)
     planned_rel = rel.copy()
     if deadline_at_s is not None and tail_ref_s is not None:
         # a task of the fit size fits before ``cutoff`` iff its high quantile ends by the deadline

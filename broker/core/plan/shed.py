@@ -12,7 +12,8 @@ import math
 import numpy as np
 
 
-def shed(machines, slots, rel, busy, start, speed, need, horizon_at_s: float, now_s: float) -> np.ndarray:
+def shed(machines, slots, rel, busy, start, speed, need, horizon_at_s: float, now_s: float,
+         bare_need: np.ndarray | None = None) -> np.ndarray:
     """(R, m) releases once the controller has shed what the replicate's work does not need.
 
     The controller keeps a fleet that finishes the work (with a margin) by its planning
@@ -50,7 +51,21 @@ def shed(machines, slots, rel, busy, start, speed, need, horizon_at_s: float, no
         lost = full - (sp * np.clip(np.minimum(horizon_at_s, at)[:, None] - st, 0.0, None)).sum(axis=1)
         surplus = surplus - lost
         rel[:, cols] = at[:, None]
+    if bare_need is not None:
+        # the promise's view: lengthened only as far as the work itself does not fit (below)
+        surplus = (speed * np.clip(np.minimum(horizon_at_s, rel) - busy, 0.0, None)).sum(axis=1) - bare_need
     return _lengthen(machines, slots, rel, busy, speed, surplus, horizon_at_s)
+
+
+# ``bare_need`` (the promise's forecast, never the controller's): whether a replicate's
+# instances are kept on past their releases is judged on the work itself against the slots'
+# time to their releases, without the keep margin and the per-slot end allowance the
+# shedding counts. The controller lets an instance go at its planned release unless its
+# work would not be done without it; counted with those margins, the work of a bounded bag
+# came out a few percent short of the fleet, and the forecast kept the instance due to
+# leave first on for another unit the controller never paid: the promise at 10% done of
+# thesis LS ended early (LS seed 12 at 1.68 h: 3.01 h with it, 3.11 h without lengthening
+# that instance, 3.145 h delivered; the makespan held in 85% of 20 runs, LS-boot 80%).
 
 
 def _lengthen(machines, slots, rel, busy, speed, surplus, horizon_at_s: float) -> np.ndarray:
