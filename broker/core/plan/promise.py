@@ -263,11 +263,10 @@ def forecast(
     ``spent_usd``: what instances already terminated cost (live ones are charged here from
     their launch). ``fit_ref_s``: the size the dispatcher assumes for a task without an
     estimate when it checks a task fits before a release (default F's 90% quantile).
-    ``horizon_at_s``: the controller's planning deadline; when given, each replicate sheds
-    the capacity its work does not need by then with a ``keep_margin`` (a pair: uniform
-    between the two in each replicate, for a controller whose margin narrows as it learns),
-    counting a slot's
-    capacity as the controller does, less ``end_allowance_s`` and half a mean task (``shed.py``).
+    ``horizon_at_s``: the controller's planning deadline; when given, each replicate sheds the
+    capacity its work does not need by then with a ``keep_margin`` (a pair: uniform between the
+    two in each replicate, for a controller whose margin narrows as it learns), counting a
+    slot's capacity as the controller does, less ``end_allowance_s`` and half a mean task.
     ``deadline_at_s``, ``tail_ref_s``: the dispatcher's straggler rule: a slot slower than
     the fastest takes no task once ``tail_ref_s`` would not end there by the deadline.
     ``budget_usd``: a hard cap: no instance works past its release, work left goes to the
@@ -276,8 +275,7 @@ def forecast(
     """
     R = int(replicates)
     slots = _slot_table(machines)
-    m = slots["speed"].size
-    if m == 0:
+    if (m := slots["speed"].size) == 0:
         raise ValueError("a forecast needs at least one machine slot")
     speed = np.broadcast_to(slots["speed"], (R, m)).copy()
     if speed_rel_sd > 0:
@@ -313,8 +311,7 @@ def forecast(
     fit = np.where(np.isnan(tail), fit_u, tail)
     ends, last_start, last_ref, undone = _list_schedule(free, rel, speed, x, fit, extend)
     ends = _replicate_last(ends, last_start, last_ref, speed, fit_u)
-    makespan = np.max(np.where(np.isfinite(ends), ends, -np.inf), axis=1)
-    makespan = np.maximum(makespan, now_s)
+    makespan = np.maximum(np.max(np.where(np.isfinite(ends), ends, -np.inf), axis=1), now_s)
     cost = spent_usd + _charges(machines, slots, ends, makespan, planned_rel, started_at_s, idle_release_s)
     running = np.where(np.isfinite(busy), busy, -np.inf).max(axis=1) - started_at_s
     cost, stopped = _capped(cost, undone, budget_usd, machines)
