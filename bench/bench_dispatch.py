@@ -134,13 +134,18 @@ def _burn_cpu(seconds: float) -> None:
         pass
 
 
+# A bench killed before its ``finally`` (a timeout, SIGKILL) leaves its detached agents behind;
+# with a lease they stop by themselves once no master has spoken to them for this long.
+ORPHAN_LEASE_S = 60.0
+
+
 def local_dispatch(agents: int, slots: int, n_tasks: int, command: str, window_per_slot: int = 2,
                    extra_cpu_ms: float = 0.0) -> DispatchFigures:
     with tempfile.TemporaryDirectory(prefix="bk-bench-") as root:
         dirs = [Path(root) / f"a{i}" for i in range(agents)]
         try:
-            return run_dispatch([attach_local_agent(d, slots) for d in dirs], n_tasks, command, window_per_slot,
-                                extra_cpu_ms)
+            return run_dispatch([attach_local_agent(d, slots, lease_s=ORPHAN_LEASE_S) for d in dirs], n_tasks,
+                                command, window_per_slot, extra_cpu_ms)
         finally:
             for d in dirs:
                 stop_local_agent(d)

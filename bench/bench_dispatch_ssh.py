@@ -35,6 +35,8 @@ from broker.shells.transport import Transport  # noqa: E402
 from tests.sshd import TestSshd, running_sshd  # noqa: E402
 from workers.protocol import Result, Run  # noqa: E402
 
+ORPHAN_LEASE_S = 60.0  # a killed bench's local agents stop by themselves after this long without a master
+
 
 def dispatch(clients: list[AgentClient], inbox: queue.Queue[tuple[str, Any]], tasks: int, in_flight: int) -> float:
     """Run ``tasks`` trivial tasks across ``clients``; return tasks per second."""
@@ -134,7 +136,8 @@ def main() -> int:
                         session.close()
 
                     def attach_local(index: int) -> Transport:
-                        return attach_local_agent(base / "local" / f"k{agents}-node-{index}", args.slots)
+                        return attach_local_agent(base / "local" / f"k{agents}-node-{index}", args.slots,
+                                                  lease_s=ORPHAN_LEASE_S)
 
                     local_rate = run_once(attach_local, agents, args.tasks, args.slots)
                     rows.append((agents, ssh_rate, local_rate))
