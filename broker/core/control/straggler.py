@@ -38,6 +38,7 @@ from .causes import Policy, WorkCause
 from .promising import CAP_WITHOUT_TIMEOUT, TAIL_RISK_SHARE, runtime_law
 from .scratch import Scratch
 from .snapshot import Snapshot
+from .spotfallback import is_spot_node
 
 if TYPE_CHECKING:
     from ..plan.law import RuntimeLaw
@@ -140,13 +141,10 @@ def move_stragglers(ctl: Controller, snap: Snapshot, now: float, idle_slots, s: 
     barred = snap.spot_barred
     for neg_end, _, x, n, r in late:
         # the fastest slot left this task may take (never a spot slot for a task barred from spot)
-        k = next((i for i, (node, _) in enumerate(free) if r.task_id not in barred or not _is_spot(snap, node)), None)
+        k = next((i for i, (node, _) in enumerate(free) if r.task_id not in barred or not is_spot_node(snap, node)),
+                 None)
         if k is None or free[k][0].speed <= n.speed or now + x / free[k][0].speed >= -neg_end:
             continue
         node, slot = free.pop(k)
         s.actions.append(Replicate(r.task_id, SlotRef(node.id, slot), r.attempt + 1, WorkCause.TAIL_REPLICATION))
 
-
-def _is_spot(snap: Snapshot, node) -> bool:  # noqa: ANN001
-    t = None if node.type_name is None else snap.types.get(node.type_name)
-    return t is not None and t.is_spot
