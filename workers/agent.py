@@ -23,6 +23,7 @@ The state directory ``D`` holds::
     agent.log    the daemon's stderr
     journal      append-only Started / Result / Ack lines in the protocol's encoding
     out/<task>.<attempt>.stdout, .stderr    full outputs (an empty stream leaves no file)
+    spare/<n>    empty output files kept for the next tasks (see Spare files)
 
 Every file the agent creates there is 0600 and every directory 0700, whatever the umask
 (created with those modes and set again with chmod); the directories above D it creates are
@@ -68,6 +69,16 @@ wrote) ends with the same note, and ``agent.log`` records it. The count of bytes
 the file's size, which the punched holes leave as the task's writes made it: exact for a
 task that writes its stream in order. Where the file system cannot punch holes the file is
 cut back to the cap instead, and the count then misses what the task wrote during a cut.
+
+Spare files. Creating two files for every task and deleting the empty ones costs most of a
+short task on ext4: each new inode is looked for past every inode deleted in the last half
+minute (``recently_deleted``), so at a thousand tasks a second the file system is what a
+no-op task waits for. An empty output file is therefore kept in ``spare/`` and renamed to
+the next task's output name, instead of unlinked and created again; it is kept only when
+nothing else holds it open (a write lease, ``F_SETLEASE``, can be taken: the task's process
+opens the file itself, so a leftover of the task that still has it shows), else it is
+unlinked as before. A renamed file is what a new one would be: empty, 0600, the task's own.
+The agent empties ``spare/`` when it starts and when it stops.
 
 Spot. With ``--spot-metadata URL`` (``http://169.254.169.254`` on EC2) the agent runs on a
 spot instance: a thread polls the instance metadata every ``--spot-poll-s`` (default 5 s)
@@ -134,6 +145,7 @@ PID_NAME = "agent.pid"
 LOG_NAME = "agent.log"
 JOURNAL_NAME = "journal"
 OUT_DIR = "out"
+SPARE_DIR = "spare"
 FINISHED_NAME = "finished"  # written when the state's results are safe (see Clean-up)
 
 TAIL_BYTES = 4096
@@ -475,6 +487,72 @@ class Journal:
 # --------------------------------------------------------------------------- tasks
 
 
+class _Spares:
+    """Empty output files kept for reuse (see Spare files in the module docstring).
+
+    ``take(path)`` renames a kept file to ``path`` (or creates it) and returns our descriptor
+    of it; ``give_back(fd, path)`` keeps an empty file that no one else holds open, else
+    unlinks it. At most ``limit`` files are kept.
+    """
+
+    def __init__(self, directory: str, limit: int) -> None:
+        self.directory = directory
+        self.limit = limit
+        self._free: List[Tuple[str, int]] = []  # (path in spare/, our O_RDWR descriptor)
+        self._names = itertools.count()
+        private_makedirs(directory)
+        self.clear()
+
+    def take(self, path: str) -> int:
+        while self._free:
+            spare, fd = self._free.pop()
+            try:
+                os.rename(spare, path)
+                return fd
+            except OSError:
+                os.close(fd)  # gone or not movable: a new file below
+                _unlink_quietly(spare)
+        return private_open(path, os.O_RDWR | os.O_TRUNC)
+
+    def give_back(self, fd: int, path: str) -> None:
+        """``fd`` is our descriptor of the empty file at ``path``; closed or kept here."""
+        if len(self._free) < self.limit and _alone(fd):
+            spare = os.path.join(self.directory, str(next(self._names)))
+            try:
+                os.rename(path, spare)
+                self._free.append((spare, fd))
+                return
+            except OSError:
+                pass
+        os.close(fd)
+        _unlink_quietly(path)
+
+    def clear(self) -> None:
+        for _, fd in self._free:
+            os.close(fd)
+        self._free.clear()
+        for name in os.listdir(self.directory):
+            _unlink_quietly(os.path.join(self.directory, name))
+
+
+def _alone(fd: int) -> bool:
+    """Whether no other open file description refers to ``fd``'s file: a write lease can be
+    taken only then (and is let go at once). False where the file system has no leases."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+    except OSError:
+        return False
+    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    return True
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 class _Task:
     """A started attempt: its process group, output files and the state of its ending."""
 
@@ -690,6 +768,7 @@ class Agent:
         self._notice_r = self._notice_w = -1
         self.out_dir = os.path.join(state_dir, OUT_DIR)
         private_makedirs(self.out_dir)
+        self._spares = _Spares(os.path.join(state_dir, SPARE_DIR), limit=2 * slots + 8)
         self.reap_orphans = reap_orphans  # we are the subreaper: adopted leftovers are ours to kill
         self._adopted: Dict[int, Set[Key]] = {}  # re-parented to us: pid -> the tasks it may belong to
         self._next_orphan_scan = 0.0
@@ -870,6 +949,7 @@ class Agent:
 
     def _close(self) -> None:
         self._kill_orphans_at_exit()
+        self._spares.clear()
         self._journal.flush()
         self._journal.close()
         peer = self._peer
@@ -1058,7 +1138,6 @@ class Agent:
     def _start(self, run: wire.Run) -> None:
         stem = os.path.join(self.out_dir, output_stem(run.task, run.attempt))
         out_path, err_path = stem + ".stdout", stem + ".stderr"
-        flags = os.O_RDWR | os.O_TRUNC
         env = dict(self._base_env)
         env.update(run.env)
         env.update(BROKER_TASK=run.task, BROKER_ATTEMPT=str(run.attempt), BROKER_AGENT_DIR=self.state_dir)
@@ -1079,17 +1158,17 @@ class Agent:
             return
         fds: List[int] = []
         try:
-            fds.append(private_open(out_path, flags))
-            fds.append(private_open(err_path, flags))
+            fds.append(self._spares.take(out_path))
+            fds.append(self._spares.take(err_path))
             started_at = time.monotonic()
             pid = os.posix_spawn(
                 SHELL,
                 [SHELL, "-c", run.command],
                 env,
-                file_actions=[
+                file_actions=[  # the task opens its files itself: see _Spares.give_back
                     (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                    (os.POSIX_SPAWN_DUP2, fds[0], 1),
-                    (os.POSIX_SPAWN_DUP2, fds[1], 2),
+                    (os.POSIX_SPAWN_OPEN, 1, out_path, os.O_RDWR, 0),
+                    (os.POSIX_SPAWN_OPEN, 2, err_path, os.O_RDWR, 0),
                 ],
                 setpgroup=0,
                 setsigdef=(signal.SIGPIPE, signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGXFSZ),
@@ -1157,6 +1236,9 @@ class Agent:
         cap = self.max_output_bytes
         cut = task.capped.get(fd)
         size = os.fstat(fd).st_size
+        if size == 0 and cut is None:
+            self._spares.give_back(fd, path)
+            return "", None
         if cut is None and not (cap and size > cap):
             return _read_tail(fd, path)
         recent = _recent_bytes(fd, size, cut, cap)
@@ -1430,7 +1512,8 @@ def _connect() -> Optional[socket.socket]:
 
 def _start_daemon(args: argparse.Namespace, state_dir: str) -> subprocess.Popen:
     """The daemon in a session of its own, cut from our stdio, so it survives our channel."""
-    argv = [sys.executable, "-B", AGENT_FILE, "serve", "--state-dir", state_dir] + _common_argv(args)
+    # -S: the agent is stdlib-only, and site's .pth files cost a start-up as much again
+    argv = [sys.executable, "-B", "-S", AGENT_FILE, "serve", "--state-dir", state_dir] + _common_argv(args)
     with open(private_open(LOG_NAME, os.O_WRONLY | os.O_APPEND), "ab") as log_file:
         return subprocess.Popen(
             argv,

@@ -21,8 +21,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from datetime import datetime, timezone
 from typing import Callable, Optional, Tuple
 
@@ -63,9 +61,13 @@ class MetadataClient:
         self._token: Optional[str] = None
         self._token_until = 0.0
         # The metadata service is on the link (or loopback): never through an HTTP proxy.
+        import urllib.request  # here, not at the top: every agent imports this module, few are on spot
+
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def _fetch_token(self) -> str:
+        import urllib.request
+
         request = urllib.request.Request(self.base_url + TOKEN_PATH, method="PUT",
                                          headers={TOKEN_TTL_HEADER: str(TOKEN_TTL_S)})
         with self._opener.open(request, timeout=self.timeout_s) as answer:
@@ -76,6 +78,9 @@ class MetadataClient:
     def instance_action(self) -> Optional[dict]:
         """The notice document, or None while there is none (404). Raises OSError (URLError)
         when the endpoint cannot be reached, ValueError on a document that is not JSON."""
+        import urllib.error
+        import urllib.request
+
         for attempt in (1, 2):
             token = self._token if self._token and time.monotonic() < self._token_until else self._fetch_token()
             request = urllib.request.Request(self.base_url + ACTION_PATH, headers={TOKEN_HEADER: token})

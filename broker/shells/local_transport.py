@@ -156,7 +156,8 @@ def attach_local_agent(
     The daemon keeps running after this transport closes; stop it with a ``Shutdown``
     message or :func:`stop_local_agent`. The options only matter when the daemon starts.
     """
-    argv = [python, str(AGENT_SCRIPT), "attach", "--state-dir", os.fspath(state_dir), "--slots", str(slots)]
+    # -S: the agent is stdlib-only (site's .pth files would cost as much as the rest of its start-up)
+    argv = [python, "-S", str(AGENT_SCRIPT), "attach", "--state-dir", os.fspath(state_dir), "--slots", str(slots)]
     for flag, value in (
         ("--node", node),
         ("--grace-s", grace_s),
