@@ -30,6 +30,14 @@ Every file the agent creates there is 0600 and every directory 0700, whatever th
 0700 too. Tasks run with the umask the agent started with, or the one ``BROKER_TASK_UMASK``
 (octal) names: a broker that runs under umask 077 hands its user's umask on that way.
 
+Scheduling. The agent, its bridge and so its tasks run under Linux's ``SCHED_BATCH`` policy
+(same CPU share as their nice value gives them; only a waking or new batch process does not
+preempt the one running): a bag's tasks are batch work, and where the master or a person's
+interactive programs share the machine, thousands of short task starts and exits a second no
+longer preempt them on every wake-up (measured: a 16-agent no-op run on the master's own
+2-core machine went 5% faster, the bare agent loop not at all). ``BROKER_TASK_SCHED=normal``
+keeps the default policy.
+
 Secrets. The values of the Run's ``env`` entries whose names look like credentials
 (``protocol.looks_secret``, the broker's own rule) are masked (``***``) in what the agent
 writes or sends: the journal, ``agent.log`` and the Results' tails and errors. Output files
@@ -159,6 +167,7 @@ MAX_OUTPUT_ENV = "BROKER_AGENT_MAX_OUTPUT_BYTES"
 DEFAULT_MAX_OUTPUT_BYTES = 100 << 20
 EXIT_FLUSH_TIMEOUT_S = 5.0
 TASK_UMASK_ENV = "BROKER_TASK_UMASK"
+TASK_SCHED_ENV = "BROKER_TASK_SCHED"  # "normal": no SCHED_BATCH (see Scheduling)
 ORPHAN_SCAN_S = 1.0  # how often, while tasks run, newly adopted processes are attributed to them
 _PR_SET_CHILD_SUBREAPER = 36
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 0x01, 0x02  # linux/falloc.h
@@ -1472,7 +1481,19 @@ def _task_umask() -> None:
         os.umask(value)
 
 
+def _batch_scheduling() -> None:
+    """``SCHED_BATCH`` for this process and what it starts (see Scheduling), unless
+    ``BROKER_TASK_SCHED=normal``; where the system has no such policy nothing changes."""
+    if os.environ.get(TASK_SCHED_ENV, "batch") == "normal" or not hasattr(os, "SCHED_BATCH"):
+        return
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except OSError:
+        pass
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    _batch_scheduling()
     state_dir = _prepare_state_dir(args.state_dir)
     if _lock_state_dir(state_dir) is None:
         if args.stdio:
@@ -1546,6 +1567,7 @@ def _connect_or_start(args: argparse.Namespace, state_dir: str) -> socket.socket
 
 def cmd_attach(args: argparse.Namespace) -> int:
     """Bridge stdin/stdout to the daemon; return when the daemon ends the connection."""
+    _batch_scheduling()
     state_dir = _prepare_state_dir(args.state_dir)
     if args.keep_s is not None:
         sweep_finished(state_dir, args.keep_s)

@@ -1,10 +1,13 @@
-"""The agent keeps empty output files for the next tasks (workers/agent.py, "Spare files").
+"""What the agent asks of the system for each task: kept output files and batch scheduling.
+
+The agent keeps empty output files for the next tasks (workers/agent.py, "Spare files").
 
 Creating and unlinking two files a task made ext4's inode allocator most of a no-op task's
 cost (``recently_deleted``: every new inode is looked for past those deleted in the last
 half minute). A kept file must be indistinguishable from a new one: empty, private, holding
 only the new task's output, and never one that a leftover of an earlier task still writes to.
-Real agent daemons over local pipes.
+Its tasks run under SCHED_BATCH unless told not to ("Scheduling"). Real agent daemons over
+local pipes.
 """
 
 from __future__ import annotations
@@ -78,3 +81,21 @@ def test_spares_are_emptied_when_the_agent_stops_and_starts(agent_dir):
     assert Path(results[("after", 1)].stdout_path).read_text() == "fresh\n"
     assert not (agent_dir / "spare" / "stale").exists()
     client.close()
+
+
+def _policy_of_a_task(agent_dir: Path) -> str:
+    """The scheduling policy (field 41 of /proc/PID/stat: 0 normal, 3 batch) a task runs under."""
+    client = connect(agent_dir, slots=1)
+    client.submit([Run("policy", 1, "cut -d' ' -f41 /proc/$$/stat")])
+    results, _ = results_until(client, 1)
+    client.close()
+    return results[("policy", 1)].stdout_tail.strip()
+
+
+def test_tasks_run_under_batch_scheduling(agent_dir):
+    assert _policy_of_a_task(agent_dir) == "3"  # SCHED_BATCH: see Scheduling in workers/agent.py
+
+
+def test_batch_scheduling_can_be_turned_off(agent_dir, monkeypatch):
+    monkeypatch.setenv("BROKER_TASK_SCHED", "normal")
+    assert _policy_of_a_task(agent_dir) == "0"
