@@ -49,6 +49,7 @@ class DispatchFigures:
     failed: int
     busy_s: float = 0.0  # the agents' own runtimes of the tasks, summed (spawn to reap)
     master_cpu_s: float = 0.0  # this process's CPU (every thread) from the first submit to the last Result
+    attach_s: float = 0.0  # from the first agent's start to every agent's Hello (before wall_s's clock)
 
     @property
     def occupancy(self) -> float:
@@ -74,7 +75,7 @@ class DispatchFigures:
 
 
 def run_dispatch(transports: list[Transport], n_tasks: int, command: str = ":", window_per_slot: int = 2,
-                 extra_cpu_ms: float = 0.0) -> DispatchFigures:
+                 extra_cpu_ms: float = 0.0, attach_started: float | None = None) -> DispatchFigures:
     """Run ``n_tasks`` copies of ``command`` over the agents behind ``transports``; time it.
     ``extra_cpu_ms``: CPU the loop burns per Result on top of its own (bench_daemon.py's
     calibration: what a master that costs that much more per task loses)."""
@@ -125,7 +126,8 @@ def run_dispatch(transports: list[Transport], n_tasks: int, command: str = ":", 
         client.shutdown(drain=True)
     for client in clients.values():
         client.wait_closed(10.0)
-    return DispatchFigures(len(clients), total_slots, n_tasks, wall_s, failed, busy_s, cpu_s)
+    attach_s = 0.0 if attach_started is None else started - attach_started
+    return DispatchFigures(len(clients), total_slots, n_tasks, wall_s, failed, busy_s, cpu_s, attach_s)
 
 
 def _burn_cpu(seconds: float) -> None:
@@ -144,8 +146,9 @@ def local_dispatch(agents: int, slots: int, n_tasks: int, command: str, window_p
     with tempfile.TemporaryDirectory(prefix="bk-bench-") as root:
         dirs = [Path(root) / f"a{i}" for i in range(agents)]
         try:
+            attach_started = time.perf_counter()  # every agent starts at once; their Hellos are awaited in turn
             return run_dispatch([attach_local_agent(d, slots, lease_s=ORPHAN_LEASE_S) for d in dirs], n_tasks,
-                                command, window_per_slot, extra_cpu_ms)
+                                command, window_per_slot, extra_cpu_ms, attach_started)
         finally:
             for d in dirs:
                 stop_local_agent(d)
