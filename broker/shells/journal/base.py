@@ -77,6 +77,9 @@ class JournalBase:
         db = self._db
         db.execute("PRAGMA busy_timeout = 10000")
         db.execute("PRAGMA foreign_keys = ON")
+        # Statement journals (a turn's multi-row statements inside its transaction) in memory, not
+        # a file created and unlinked in /var/tmp about once a turn; the WAL is the record.
+        db.execute("PRAGMA temp_store = MEMORY")
         if not self.readonly:
             mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if mode.lower() != "wal":
