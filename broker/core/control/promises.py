@@ -172,7 +172,7 @@ def update_promise(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
     # the estimates' bias as the user is told it (estimate_bias.py)
     se = promise_ratio_se(snap, ctl.config.estimate_bias, conf)
     told = _after_give_backs(ctl, snap, memory, now, rem, s, launches, f, reps, horizon, se)
-    told = with_reaction(ctl, snap, memory, now, rem, s, launches, told, reps)  # reaction.py
+    told = with_reaction(ctl, snap, memory, now, rem, s, launches, told, reps, se)  # reaction.py
     why = ("first plan" if memory.first_promise is None else f"re-plan ({cause or 'replan'})") + (
         f": {rem.pending} tasks pending, {rem.running} running, {rem.point_ref_s:.4g} ref-s of work left")
     band = promise_band(rem)

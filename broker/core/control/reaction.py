@@ -21,10 +21,14 @@ decision is forecast with the controller's law; while its makespan's ``confidenc
 quantile overshoots the deadline, the planning deadline is pulled in as
 ``_adjust_allowance`` does and the remaining plan re-solved as a re-plan does
 (``replan.solve``, the fleet so far as existing instances), at most ``ROUNDS`` times.
-When that changed the fleet, the group's replicates are those of the reacted fleet's
-forecast (the promise's law and view); the first group whose fleet needs no reaction ends
-the walk (a smaller ratio needs less). Only the promise reads this: nothing here is a
-decision, and its draws come from their own generators.
+When that changed the fleet, the reacted fleet's forecast (the promise's law and view)
+joins the group's replicates, and those of the group that ended past the deadline leave:
+the controller holds the deadline, so a run past it is one it has reacted in; one that
+ends before it may have been absorbed by the fleet it had (the reaction comes when the
+overshoot shows, an hour or three in: on a 3,000-task bag the controller did not buy and
+ended near the stretched fleet's end), so both stay. The first group whose fleet needs no
+reaction ends the walk (a smaller ratio needs less). Only the promise reads this: nothing
+here is a decision, and its draws come from their own generators.
 
 What is left out: the reaction is solved at the promise's moment, not an hour later with
 an hour of the old fleet's work done; a ratio below 1 changes nothing here (the controller
@@ -54,18 +58,20 @@ STRATA = 8  # groups of the told forecast's replicates by the ratio they drew
 ROUNDS = 4  # re-plans a group's reaction may take (the controller pulled in 3 times on LM-est10-low)
 
 
-def applies(ctl: Controller, snap: Snapshot, told) -> bool:
-    """Deadline goals, before the ratio is known, when the forecast drew one."""
+def applies(ctl: Controller, snap: Snapshot, told, told_se: float | None) -> bool:
+    """Deadline goals, tasks with estimates left (``told_se``: the ratio's error the promise
+    states, None without them), before the ratio is known."""
     obs = snap.observations
-    return (ctl.goal.kind == "deadline" and told.ratios is not None and told.ratios.size >= STRATA
+    return (ctl.goal.kind == "deadline" and told_se is not None and told_se > 0 and told.ratios is not None
+            and told.ratios.size >= STRATA
             and not (obs.count_with_estimate >= RATIO_MIN_TASKS and obs.count == obs.count_with_estimate))
 
 
 def with_reaction(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork, s: Scratch,
-                  launches, told, reps: int):
-    """``told`` with the replicates of each ratio group the controller would react to
-    replaced by the forecast of its reaction; see the module docstring."""
-    if not applies(ctl, snap, told) or memory.deadline_at_s is None:
+                  launches, told, reps: int, told_se: float | None):
+    """``told`` with the forecast of the controller's reaction joined to each ratio group it
+    would react to, that group's replicates past the deadline left out; see the module docstring."""
+    if not applies(ctl, snap, told, told_se) or memory.deadline_at_s is None:
         return told
     order = np.argsort(told.ratios, kind="stable")
     keep = np.ones(told.ratios.size, dtype=bool)
