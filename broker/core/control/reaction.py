@@ -92,12 +92,13 @@ def with_reaction(ctl: Controller, snap: Snapshot, memory: Memory, now: float, r
         return told
 
     def cat(x, ys):
-        return None if x is None else np.concatenate([x[keep]] + ys)
+        return None if x is None or any(y is None for y in ys) else np.concatenate([x[keep]] + ys)
 
     return replace(told, makespans_s=cat(told.makespans_s, [f.makespans_s for f, _ in extra]),
                    costs_usd=cat(told.costs_usd, [f.costs_usd for f, _ in extra]),
                    ratios=cat(told.ratios, [r for _, r in extra]),
-                   running_ends_s=cat(told.running_ends_s, [f.running_ends_s for f, _ in extra]), stopped=None)
+                   running_ends_s=cat(told.running_ends_s, [f.running_ends_s for f, _ in extra]),
+                   stopped=cat(told.stopped, [f.stopped for f, _ in extra]))
 
 
 def _after_decision(snap: Snapshot, now: float, releases, launches) -> Snapshot:
