@@ -39,6 +39,7 @@ from .estimate_bias import promise_ratio_se
 from .estimates import RemainingWork
 from .planning import PlanResult
 from .promising import forecast_fleet, tail_fitted, tail_size_ref_s
+from .reaction import with_reaction
 from .replan import hedge_can_wait, solve
 from .snapshot import Memory, Snapshot
 
@@ -171,6 +172,7 @@ def update_promise(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
     # the estimates' bias as the user is told it (estimate_bias.py)
     se = promise_ratio_se(snap, ctl.config.estimate_bias, conf)
     told = _after_give_backs(ctl, snap, memory, now, rem, s, launches, f, reps, horizon, se)
+    told = with_reaction(ctl, snap, memory, now, rem, s, launches, told, reps, se)  # reaction.py
     why = ("first plan" if memory.first_promise is None else f"re-plan ({cause or 'replan'})") + (
         f": {rem.pending} tasks pending, {rem.running} running, {rem.point_ref_s:.4g} ref-s of work left")
     band = promise_band(rem)
@@ -262,6 +264,7 @@ def _mixture(a, b):
     return replace(b, makespans_s=np.concatenate([a.makespans_s, b.makespans_s]),
                    costs_usd=np.concatenate([a.costs_usd, b.costs_usd]),
                    running_ends_s=both(a.running_ends_s, b.running_ends_s), stopped=both(a.stopped, b.stopped),
+                   ratios=both(a.ratios, b.ratios),
                    fallbacks=max(a.fallbacks, b.fallbacks))
 
 

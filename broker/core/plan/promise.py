@@ -195,6 +195,7 @@ class Forecast:
     spent_usd: float = 0.0  # what is already spent for good (terminated instances)
     budget_usd: float | None = None  # the cap every cost is held to (None: no budget)
     stopped: np.ndarray | None = None  # per replicate: the budget stops the run with work left
+    ratios: np.ndarray | None = None  # per replicate: the estimates' correction ratio drawn (control/reaction.py)
 
     def makespan_quantile(self, q: float) -> float:
         return float(np.quantile(self.makespans_s, q))
@@ -316,7 +317,7 @@ def forecast(
     running = np.where(np.isfinite(busy), busy, -np.inf).max(axis=1) - started_at_s
     cost, stopped = _capped(cost, undone, budget_usd, machines)
     return Forecast(makespan - started_at_s, cost, fallbacks, running, now_s - started_at_s, spent_usd,
-                    budget_usd, stopped)
+                    budget_usd, stopped, ratio)
 
 
 def _private_until(rel: np.ndarray, slots, until_s: float) -> np.ndarray:
