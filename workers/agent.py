@@ -546,12 +546,16 @@ class _Spares:
 
 def _alone(fd: int) -> bool:
     """Whether no other open file description refers to ``fd``'s file: a write lease can be
-    taken only then (and is let go at once). False where the file system has no leases."""
+    taken only then (and is let go at once). False where the file system (or the system: not
+    Linux) has no leases."""
+    setlease = getattr(fcntl, "F_SETLEASE", None)
+    if setlease is None:
+        return False
     try:
-        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+        fcntl.fcntl(fd, setlease, fcntl.F_WRLCK)
     except OSError:
         return False
-    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    fcntl.fcntl(fd, setlease, fcntl.F_UNLCK)
     return True
 
 
