@@ -45,19 +45,25 @@ def run(scenario: str, seed: int):
 
 def test_lengthening_counts_a_private_node_only_to_the_fleets_scheduled_end():
     """Four instances leaving at their first hour and a slow private node; the work is more
-    than they do by then. The promise's forecast keeps an instance on (the controller's
-    re-plan does), not the private node alone up to the planning deadline five hours out."""
+    than they do by then. When the private node is paid by the hour, the promise's forecast
+    keeps an instance on (the controller's re-plan does), not the private node alone up to
+    the planning deadline five hours out; a free one takes that work."""
     hourly = Billing.hourly()
-    machines = [Machine(1, 10.0, 0.0)] + [Machine(1, 20.0, 0.0, 3480.0, 0.68, 0.0, hourly, (), "c1.xlarge")
-                                          for _ in range(4)]
     law = RuntimeLaw.parametric(1000.0, 100.0, 0.0, 6 * 3600.0, estimate_rel_sd=0.05)
     pending = Pending(0, np.full(400, 1000.0))  # 400,000 ref-s: 313,200 by the releases
-    f = forecast(machines, law, pending, now_s=0.0, rng=np.random.default_rng(3), replicates=50,
-                 horizon_at_s=5 * 3600.0, keep_margin=0.01, bare_lengthen=True)
-    # an instance kept on two more hours: 1.8 h; the private node alone after the
-    # first hour would run to 1 h + 86,800 / 10 s = 3.4 h
-    assert np.median(f.makespans_s) < 2.5 * 3600, np.median(f.makespans_s) / 3600
-    assert np.median(f.costs_usd) > 4 * 0.68 + 0.5  # an instance paid a second hour
+
+    def makespan_h(private_per_hour: float) -> float:
+        machines = [Machine(1, 10.0, 0.0, math.inf, private_per_hour)] + [
+            Machine(1, 20.0, 0.0, 3480.0, 0.68, 0.0, hourly, (), "c1.xlarge") for _ in range(4)]
+        f = forecast(machines, law, pending, now_s=0.0, rng=np.random.default_rng(3), replicates=50,
+                     horizon_at_s=5 * 3600.0, keep_margin=0.01, bare_lengthen=True)
+        return float(np.median(f.makespans_s)) / 3600
+
+    # paid for every hour the run lasts: an instance kept on two more hours, 1.8 h (the
+    # private node alone after the first hour would run to 1 h + 86,800 / 10 s = 3.4 h)
+    assert makespan_h(0.32) < 2.5, makespan_h(0.32)
+    # free: the cheapest plan leaves the work to it, up to the planning deadline
+    assert makespan_h(0.0) > 3.0, makespan_h(0.0)
 
 
 def test_the_work_reaction_changes_the_promise_not_what_the_broker_does(monkeypatch):
