@@ -40,6 +40,7 @@ from .estimates import RemainingWork
 from .planning import PlanResult
 from .promising import forecast_fleet, tail_fitted, tail_size_ref_s
 from .reaction import with_reaction
+from .reaction_work import with_work_reaction
 from .replan import hedge_can_wait, solve
 from .snapshot import Memory, Snapshot
 
@@ -173,6 +174,7 @@ def update_promise(ctl: Controller, snap: Snapshot, memory: Memory, now: float, 
     se = promise_ratio_se(snap, ctl.config.estimate_bias, conf)
     told = _after_give_backs(ctl, snap, memory, now, rem, s, launches, f, reps, horizon, se)
     told = with_reaction(ctl, snap, memory, now, rem, s, launches, told, reps, se)  # reaction.py
+    told = with_work_reaction(ctl, snap, memory, now, rem, s, launches, told, se)  # reaction_work.py
     why = ("first plan" if memory.first_promise is None else f"re-plan ({cause or 'replan'})") + (
         f": {rem.pending} tasks pending, {rem.running} running, {rem.point_ref_s:.4g} ref-s of work left")
     band = promise_band(rem)
@@ -264,7 +266,7 @@ def _mixture(a, b):
     return replace(b, makespans_s=np.concatenate([a.makespans_s, b.makespans_s]),
                    costs_usd=np.concatenate([a.costs_usd, b.costs_usd]),
                    running_ends_s=both(a.running_ends_s, b.running_ends_s), stopped=both(a.stopped, b.stopped),
-                   ratios=both(a.ratios, b.ratios),
+                   ratios=both(a.ratios, b.ratios), work_ref_s=both(a.work_ref_s, b.work_ref_s),
                    fallbacks=max(a.fallbacks, b.fallbacks))
 
 

@@ -116,15 +116,17 @@ def forecast_fleet(ctl, snap: Snapshot, rem: RemainingWork, now: float, releases
                    launches: Sequence[tuple[str, int, float]], rng: np.random.Generator,
                    horizon_at_s: float | None = None, tail_ref_s: float | None = None,
                    replicates: int | None = None, ratio_rel_se: float | None = None,
-                   fit_tail: bool = False) -> Forecast | None:
+                   fit_tail: bool = False, law_of=None) -> Forecast | None:
     """The forecast of the run with this fleet (None when there is no machine at all);
     ``horizon_at_s``: the planning deadline the controller sheds surplus against;
     ``ratio_rel_se``, ``fit_tail``: see :func:`runtime_law` (``fit_tail``: the promise's
-    view, also of lengthening, ``shed.py``)."""
+    view, also of lengthening, ``shed.py``); ``law_of``: a change of that law (the
+    promise's reaction to a larger work, ``reaction_work.py``)."""
     machines = fleet_after(snap, now, releases, launches, ctl.private)
     if not machines:
         return None
     law = runtime_law(snap, rem, ratio_rel_se, fit_tail)
+    law = law if law_of is None else law_of(law)
     queued = [r.estimate_ref_s for n in snap.nodes for r in n.running if r.queued]  # not started: pending
     pending = Pending(snap.pending.unknown_count + sum(e is None for e in queued),
                       np.asarray(sorted(snap.pending.known_estimates_ref_s() + [e for e in queued if e is not None]),

@@ -82,7 +82,7 @@ def with_reaction(ctl: Controller, snap: Snapshot, memory: Memory, now: float, r
         rho = float(np.median(r))
         if rho <= rem.estimate_ratio + 1e-9:
             break
-        f = _reacted(ctl, fleet, memory, now, rem, rho, float(np.std(r) / rho), idx.size, k)
+        f = reacted(ctl, fleet, memory, now, _scaled(rem, snap, rho), idx.size, k, ratio_rel_se=float(np.std(r) / rho))
         if f is None:
             break
         # past the deadline the controller has reacted; before it, either may happen
@@ -98,7 +98,8 @@ def with_reaction(ctl: Controller, snap: Snapshot, memory: Memory, now: float, r
                    costs_usd=cat(told.costs_usd, [f.costs_usd for f, _ in extra]),
                    ratios=cat(told.ratios, [r for _, r in extra]),
                    running_ends_s=cat(told.running_ends_s, [f.running_ends_s for f, _ in extra]),
-                   stopped=cat(told.stopped, [f.stopped for f, _ in extra]))
+                   stopped=cat(told.stopped, [f.stopped for f, _ in extra]),
+                   work_ref_s=cat(told.work_ref_s, [f.work_ref_s for f, _ in extra]))
 
 
 def _after_decision(snap: Snapshot, now: float, releases, launches) -> Snapshot:
@@ -121,18 +122,18 @@ def _scaled(rem: RemainingWork, snap: Snapshot, rho: float) -> RemainingWork:
                    estimate_ratio=rho, ratio_upper_ref_s=0.0)
 
 
-def _reacted(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork, rho: float,
-             rel_se: float, reps: int, k: int):
-    """The promise's forecast of the fleet the controller ends with once it knows ``rho``
-    (None: it keeps the fleet it has)."""
+def reacted(ctl: Controller, snap: Snapshot, memory: Memory, now: float, work: RemainingWork, reps: int, k: int,
+            salt: int = 17, **law_kw):
+    """The promise's forecast of the fleet the controller ends with once it knows the work is
+    ``work`` (None: it keeps the fleet it has); ``law_kw``: the law of that work, for
+    ``forecast_fleet`` (``ratio_rel_se``, ``law_of``); ``salt``: the draws' own stream."""
     conf = ctl.config.confidence
     deadline_at = snap.started_at_s + float(ctl.goal.value)
-    work = _scaled(rem, snap, rho)
     reacted = False
     for round_ in range(ROUNDS):
-        gen = np.random.default_rng([int(now * 1000) % (1 << 62), snap.tasks_done, 17, k, round_])
+        gen = np.random.default_rng([int(now * 1000) % (1 << 62), snap.tasks_done, salt, k, round_])
         f = forecast_fleet(ctl, snap, work, now, {}, [], gen, memory.deadline_at_s, memory.tail_size_ref_s,
-                           replicates=reps, ratio_rel_se=rel_se)
+                           replicates=reps, **law_kw)
         if f is None:
             return None
         over = snap.started_at_s + f.makespan_quantile(conf) - deadline_at
@@ -153,6 +154,6 @@ def _reacted(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: R
         reacted = True
     if not reacted:
         return None
-    gen = np.random.default_rng([int(now * 1000) % (1 << 62), snap.tasks_done, 18, k])
+    gen = np.random.default_rng([int(now * 1000) % (1 << 62), snap.tasks_done, salt + 1, k])
     return forecast_fleet(ctl, snap, work, now, {}, [], gen, memory.deadline_at_s, memory.tail_size_ref_s,
-                          replicates=reps, ratio_rel_se=rel_se, fit_tail=tail_fitted(snap))
+                          replicates=reps, fit_tail=tail_fitted(snap), **law_kw)

@@ -196,6 +196,7 @@ class Forecast:
     budget_usd: float | None = None  # the cap every cost is held to (None: no budget)
     stopped: np.ndarray | None = None  # per replicate: the budget stops the run with work left
     ratios: np.ndarray | None = None  # per replicate: the estimates' correction ratio drawn (control/reaction.py)
+    work_ref_s: np.ndarray | None = None  # per replicate: the work left at its moment (control/reaction_work.py)
 
     def makespan_quantile(self, q: float) -> float:
         return float(np.quantile(self.makespans_s, q))
@@ -292,10 +293,11 @@ def forecast(
     work = _bulk_work(bulk, laws, ratio, rng) if bulk.size else np.zeros(R)
     x = _draw_tasks(tail, laws, ratio, rng)
     rel = np.broadcast_to(slots["release"], (R, m)).copy()
+    left = work + x.sum(axis=1) + ((busy - now_s) * speed).sum(axis=1)
     if horizon_at_s is not None:
         lo, hi = keep_margin if isinstance(keep_margin, tuple) else (keep_margin, keep_margin)
         keep = lo + (hi - lo) * rng.random(R)
-        need = (work + x.sum(axis=1) + ((busy - now_s) * speed).sum(axis=1)) * (1.0 + keep)
+        need = left * (1.0 + keep)
         start = busy + end_allowance_s + 0.5 * laws.mean[:, None] / speed
         bare = need / (1.0 + keep) if bare_lengthen else None
         rel = _shed(machines, slots, rel, busy, start, speed, need, horizon_at_s, now_s, bare)
@@ -317,7 +319,7 @@ def forecast(
     running = np.where(np.isfinite(busy), busy, -np.inf).max(axis=1) - started_at_s
     cost, stopped = _capped(cost, undone, budget_usd, machines)
     return Forecast(makespan - started_at_s, cost, fallbacks, running, now_s - started_at_s, spent_usd,
-                    budget_usd, stopped, ratio)
+                    budget_usd, stopped, ratio, left)
 
 
 def _private_until(rel: np.ndarray, slots, until_s: float) -> np.ndarray:
