@@ -271,10 +271,9 @@ def forecast(
     slot's capacity as the controller does, less ``end_allowance_s`` and half a mean task.
     ``deadline_at_s``, ``tail_ref_s``: the dispatcher's straggler rule: a slot slower than
     the fastest takes no task once ``tail_ref_s`` would not end there by the deadline.
-    ``budget_usd``: a hard cap: no instance works past its release, work left goes to the
-    private nodes or stays undone (the run stops, exit 1), no cost exceeds the cap.
-    ``bare_lengthen``: the promise's view of lengthening (``shed.py``), not the controller's.
-    """
+    ``budget_usd``: a hard cap: no instance works past its release, work left goes to the private
+    nodes or stays undone (the run stops, exit 1), no cost exceeds the cap. ``bare_lengthen``:
+    the promise's view of lengthening (``shed.py``), not the controller's."""
     R = int(replicates)
     slots = _slot_table(machines)
     if (m := slots["speed"].size) == 0:
