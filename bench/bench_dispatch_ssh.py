@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import structlog  # noqa: E402
 
+from bench.bench_dispatch import ORPHAN_LEASE_S  # noqa: E402  (a killed bench's agents stop by themselves)
 from broker.shells.agent_client import AgentClient, NodeLost  # noqa: E402
 from broker.shells.local_transport import attach_local_agent, stop_local_agent  # noqa: E402
 from broker.shells.ssh import SshSession, SshTarget, connect  # noqa: E402
@@ -35,7 +36,6 @@ from broker.shells.transport import Transport  # noqa: E402
 from tests.sshd import TestSshd, running_sshd  # noqa: E402
 from workers.protocol import Result, Run  # noqa: E402
 
-ORPHAN_LEASE_S = 60.0  # a killed bench's local agents stop by themselves after this long without a master
 
 
 def dispatch(clients: list[AgentClient], inbox: queue.Queue[tuple[str, Any]], tasks: int, in_flight: int) -> float:

@@ -75,7 +75,7 @@ def with_reaction(ctl: Controller, snap: Snapshot, memory: Memory, now: float, r
         return told
     order = np.argsort(told.ratios, kind="stable")
     keep = np.ones(told.ratios.size, dtype=bool)
-    fleet = _after_decision(snap, now, dict(s.release), launches)
+    fleet = after_decision(snap, now, dict(s.release), launches)
     extra = []
     for k, idx in enumerate(reversed(np.array_split(order, STRATA))):
         r = told.ratios[idx]
@@ -88,21 +88,28 @@ def with_reaction(ctl: Controller, snap: Snapshot, memory: Memory, now: float, r
         # past the deadline the controller has reacted; before it, either may happen
         keep[idx] = told.makespans_s[idx] <= float(ctl.goal.value)
         extra.append((f, r))
-    if not extra:
+    return joined(told, keep, [f for f, _ in extra], [r for _, r in extra])
+
+
+def joined(told, keep, reacted_forecasts, ratios):
+    """``told``'s replicates where ``keep``, then each reacted forecast's, replicate by replicate
+    (``ratios``: the ratio each reacted replicate counts as having drawn); ``told`` itself when
+    nothing reacted."""
+    if not reacted_forecasts:
         return told
 
     def cat(x, ys):
         return None if x is None or any(y is None for y in ys) else np.concatenate([x[keep]] + ys)
 
-    return replace(told, makespans_s=cat(told.makespans_s, [f.makespans_s for f, _ in extra]),
-                   costs_usd=cat(told.costs_usd, [f.costs_usd for f, _ in extra]),
-                   ratios=cat(told.ratios, [r for _, r in extra]),
-                   running_ends_s=cat(told.running_ends_s, [f.running_ends_s for f, _ in extra]),
-                   stopped=cat(told.stopped, [f.stopped for f, _ in extra]),
-                   work_ref_s=cat(told.work_ref_s, [f.work_ref_s for f, _ in extra]))
+    fs = reacted_forecasts
+    return replace(told, makespans_s=cat(told.makespans_s, [f.makespans_s for f in fs]),
+                   costs_usd=cat(told.costs_usd, [f.costs_usd for f in fs]), ratios=cat(told.ratios, ratios),
+                   running_ends_s=cat(told.running_ends_s, [f.running_ends_s for f in fs]),
+                   stopped=cat(told.stopped, [f.stopped for f in fs]),
+                   work_ref_s=cat(told.work_ref_s, [f.work_ref_s for f in fs]))
 
 
-def _after_decision(snap: Snapshot, now: float, releases, launches) -> Snapshot:
+def after_decision(snap: Snapshot, now: float, releases, launches) -> Snapshot:
     """The snapshot as this decision leaves it: new releases, the launches as instances."""
     nodes = [replace(n, release_at_s=releases[n.id]) if n.id in releases else n for n in snap.nodes]
     for name, count, life_s in launches:
@@ -149,7 +156,7 @@ def reacted(ctl: Controller, snap: Snapshot, memory: Memory, now: float, work: R
             break
         margin = ctl.config.margin_s
         releases = {e.instance_id: e.release_at_s - margin for e in result.plan.existing}
-        snap = _after_decision(snap, now, releases,
+        snap = after_decision(snap, now, releases,
                                [(g.type_name, g.count, g.release_after_s - margin) for g in result.plan.new])
         reacted = True
     if not reacted:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .reaction import STRATA, _after_decision, applies, reacted
+from .reaction import STRATA, after_decision, applies, joined, reacted
 
 if TYPE_CHECKING:
     from .controller import Controller
@@ -57,7 +57,7 @@ def with_work_reaction(ctl: Controller, snap: Snapshot, memory: Memory, now: flo
         return told
     order = np.argsort(work, kind="stable")
     keep = np.ones(work.size, dtype=bool)
-    fleet = _after_decision(snap, now, dict(s.release), launches)
+    fleet = after_decision(snap, now, dict(s.release), launches)
     extra = []
     for k, idx in enumerate(reversed(np.array_split(order, STRATA))):
         w = work[idx]
@@ -71,18 +71,7 @@ def with_work_reaction(ctl: Controller, snap: Snapshot, memory: Memory, now: flo
             break
         keep[idx] = told.makespans_s[idx] <= float(ctl.goal.value)
         extra.append(f)
-    if not extra:
-        return told
-
-    def cat(x, ys):
-        return None if x is None or any(y is None for y in ys) else np.concatenate([x[keep]] + ys)
-
-    return replace(told, makespans_s=cat(told.makespans_s, [f.makespans_s for f in extra]),
-                   costs_usd=cat(told.costs_usd, [f.costs_usd for f in extra]),
-                   ratios=cat(told.ratios, [f.ratios for f in extra]),
-                   running_ends_s=cat(told.running_ends_s, [f.running_ends_s for f in extra]),
-                   stopped=cat(told.stopped, [f.stopped for f in extra]),
-                   work_ref_s=cat(told.work_ref_s, [f.work_ref_s for f in extra]))
+    return joined(told, keep, extra, [f.ratios for f in extra])
 
 
 def _scaled(rem: RemainingWork, scale: float) -> RemainingWork:
