@@ -18,7 +18,9 @@ Where the time goes, for both paths, from the first start to the last result:
   log lines, decisions, pipe writes): steadier than the rates on a shared machine;
 - ``--calibrate MS``: the bare path again, its loop burning MS ms of CPU per result, so the
   cost of a master's extra CPU per task shows on the same machine at the same load
-  (``--window 1``: one Run a slot in the bare path, as the daemon sends).
+  (``--window 1``: one Run a slot in the bare path). By default the bare path keeps as many
+  Runs a slot as the daemon's queue-ahead holds for no-op tasks (``1 + DEEP_QUEUE_DEPTH``, 8),
+  so neither side has a deeper queue than the other (with 2 a slot it ran ~2% slower).
 
 The daemon attaches its agents in the background and dispatches as soon as the first is ready,
 so its span holds the others' start-up (two Python processes an agent: 2-5 s for 16 on a loaded
@@ -157,11 +159,16 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=16)
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--window", type=int, default=2,
-                        help="the bare path's Runs in flight per slot (2: bench_dispatch's; 1: one a slot, as the daemon)")
+    parser.add_argument("--window", type=int, default=None,
+                        help="the bare path's Runs in flight per slot (default: as many as the daemon's deepest "
+                             "queue-ahead holds, 1 + DEEP_QUEUE_DEPTH; 2: bench_dispatch's; 1: one a slot)")
     parser.add_argument("--calibrate", type=float, default=None, metavar="MS",
                         help="also run the bare path burning MS ms of CPU per Result in its loop (interleaved)")
     args = parser.parse_args()
+    if args.window is None:  # the same queue at each slot as the daemon keeps for no-op tasks: no handicap either way
+        from broker.core.control.queue_ahead import DEEP_QUEUE_DEPTH
+
+        args.window = 1 + DEEP_QUEUE_DEPTH
 
     import structlog
 

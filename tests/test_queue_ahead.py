@@ -16,6 +16,7 @@ from broker.core.control.snapshot import Goal, Memory
 from broker.core.model import PrivateNode
 
 SLOTS = 4
+BAG = SLOTS * (1 + DEEP_QUEUE_DEPTH) + 4  # a node's every position, running and queued, and a few pending
 ON = ControllerConfig(queue_ahead_below_s=2.0)  # what the live daemon sets (2 s of run time)
 
 
@@ -103,7 +104,7 @@ def test_off_unless_the_daemon_turns_it_on():
 
 
 def test_the_ledger_refuses_a_queue_position_while_a_slot_is_free():
-    led = _ledger(20, 0.05, nodes=(("p", 1.0),))
+    led = _ledger(BAG, 0.05, nodes=(("p", 1.0),))
     assert led.start("t0000", "p", SLOTS, 1.0) is None  # slot 0 is free: a queued task would wait by it
     assert "t0000" in led.pool
     for slot in range(SLOTS):
@@ -123,18 +124,18 @@ def _queued_node(led: Ledger) -> list[str]:
 
 
 def test_a_node_lost_with_queued_tasks_gives_each_back_once():
-    led = _ledger(20, 0.05, nodes=(("p", 1.0),))
+    led = _ledger(BAG, 0.05, nodes=(("p", 1.0),))
     tasks = _queued_node(led)
     ended, _ = led.on_node_lost("p", 2.0)
     assert sorted(e.attempt.task_id for e in ended) == tasks
-    assert all(t in led.pool for t in tasks) and len(led.pool) == 20
+    assert all(t in led.pool for t in tasks) and len(led.pool) == BAG
     assert led.running_count == 0 and not led.nodes["p"].running
     again, _ = led.on_node_lost("p", 3.0)
-    assert again == [] and len(led.pool) == 20
+    assert again == [] and len(led.pool) == BAG
 
 
 def test_a_freed_slot_starts_the_earliest_queued_task_and_its_runtime_excludes_the_wait():
-    led = _ledger(20, 0.05, nodes=(("p", 1.0),))
+    led = _ledger(BAG, 0.05, nodes=(("p", 1.0),))
     tasks = _queued_node(led)
     node = led.nodes["p"]
     view = led.snapshot(1.0).nodes[0]
@@ -159,7 +160,7 @@ def test_a_queued_task_s_residual_is_its_whole_estimate():
 
 
 def test_a_resumed_node_keeps_its_queued_attempts():
-    led = _ledger(20, 0.05, nodes=(("p", 1.0),))
+    led = _ledger(BAG, 0.05, nodes=(("p", 1.0),))
     for pos in range(SLOTS * (1 + DEEP_QUEUE_DEPTH)):
         assert led.resume_attempt(f"t{pos:04d}", 1, "p", 1.0) is not None
     assert len(led.nodes["p"].running) == SLOTS * (1 + DEEP_QUEUE_DEPTH)
@@ -182,7 +183,7 @@ def test_an_instance_released_with_queued_tasks_gives_each_back_once():
 
     c5 = MachineType("c5", SLOTS, 1.0, 3.6, 10, 90.0, Billing.hourly())
     led = Ledger({"c5": c5})
-    led.add_tasks([(f"t{i:04d}", 0.05) for i in range(20)])
+    led.add_tasks([(f"t{i:04d}", 0.05) for i in range(BAG)])
     led.on_launched("i-1", "c5", 0.0, 0.0, 3000.0)
     led.on_node_ready("i-1", 10.0)
     tasks = [f"t{pos:04d}" for pos in range(SLOTS * (1 + DEEP_QUEUE_DEPTH))]
@@ -190,15 +191,15 @@ def test_an_instance_released_with_queued_tasks_gives_each_back_once():
         assert led.start(task, "i-1", pos, 11.0) is not None
     followups = led.on_released("i-1", 20.0, "user_stop")  # stopping a slot must not move a queued task there
     assert sorted(f.task_id for f in followups if type(f).__name__ == "Cancel") == tasks
-    assert all(t in led.pool for t in tasks) and len(led.pool) == 20 and led.running_count == 0
+    assert all(t in led.pool for t in tasks) and len(led.pool) == BAG and led.running_count == 0
 
 
 def test_a_private_node_s_work_cancelled_with_queued_tasks_gives_each_back_once():
-    led = _ledger(20, 0.05, nodes=(("p", 1.0),))
+    led = _ledger(BAG, 0.05, nodes=(("p", 1.0),))
     tasks = _queued_node(led)
     followups = led.cancel_running("p", "private_budget_spent", 2.0)
     assert sorted(f.task_id for f in followups if type(f).__name__ == "Cancel") == tasks
-    assert len(led.pool) == 20 and not led.nodes["p"].running
+    assert len(led.pool) == BAG and not led.nodes["p"].running
 
 
 def test_a_spot_notice_sends_a_queued_task_elsewhere_however_short():

@@ -8,9 +8,9 @@ path, which keeps two Runs a slot (issue 20, ``bench/bench_daemon.py``).
 
 The rule (:func:`queue_depth`): a node of ``s`` slots may hold ``s x (1 + depth)`` tasks, running
 and queued at its agent, where ``depth`` is :data:`QUEUE_DEPTH` (1, as the bare agent path's two
-Runs a slot), or :data:`DEEP_QUEUE_DEPTH` (3) for tasks under a tenth of the limit below (a
-no-op task lasts 10-30 ms, the round trip on a loaded machine 50-100 ms), when all of these
-hold, else 0:
+Runs a slot), or :data:`DEEP_QUEUE_DEPTH` (7) for tasks under a tenth of the limit below (a
+no-op task lasts 10-30 ms; the round trip on a loaded machine is one of the master's turns,
+50-100 ms, most of it waiting for a CPU the tasks hold), when all of these hold, else 0:
 
 - ``config.queue_ahead_below_s > 0``: the live daemon sets it (2 s of real time, on the run's
   clock); the simulator and the core's defaults keep 0, so their decisions are unchanged;
@@ -45,7 +45,14 @@ if TYPE_CHECKING:
     from .controller import Controller
 
 QUEUE_DEPTH = 1  # tasks a slot holds queued beyond the one it runs (the bare agent path keeps 2 Runs a slot)
-DEEP_QUEUE_DEPTH = 3  # ... for tasks under a tenth of ``queue_ahead_below_s``: the round trip is several of them
+# ... for tasks under a tenth of ``queue_ahead_below_s``: the round trip is several of them. 7
+# rather than 3 (ninth session, `bench/bench_daemon.py --tasks 10000 --repeat 3`, back to back):
+# with 3 a slot the 16 queues drained within a turn (70 ms, 85% of it the loop waiting for a
+# CPU) and the machine idled 2.5% of the time; with 7 the daemon went from 0.90x to 0.94x the
+# bare path once attached (0.92x to 0.95x with the start-up on both clocks), its loop's CPU
+# per task 0.124 -> 0.117 ms (more results a turn). A queued task still waits at most 7 tasks
+# of under 0.2 s, and never in the bag's tail (PLENTY).
+DEEP_QUEUE_DEPTH = 7
 SHORT_SHARE = 0.1
 PLENTY = 2  # queue only while this many times what the queues take are pending
 
