@@ -187,14 +187,13 @@ class Journal(FinishedBatch, JournalReader):
         """Mark tasks as drawn for sampling, numbering them in the order given (after any
         earlier draws). Returns their draw orders. Results are read in this order (2.1)."""
         with self._write() as db:
-            order = db.execute("SELECT coalesce(max(sample_order), 0) FROM tasks").fetchone()[0]
+            order = db.execute("SELECT coalesce(max(sample_order), 0) FROM tasks WHERE sample_order IS NOT NULL"
+                               ).fetchone()[0]  # (WHERE: the partial index answers; without, 1.1 ms a call at 20k tasks)
             orders = []
             for task_id in task_ids:
                 order += 1
-                cur = db.execute(
-                    "UPDATE tasks SET sample_order = ? WHERE id = ? AND sample_order IS NULL",
-                    (order, task_id),
-                )
+                cur = db.execute("UPDATE tasks SET sample_order = ? WHERE id = ? AND sample_order IS NULL",
+                                 (order, task_id))
                 if cur.rowcount != 1:
                     raise JournalError(f"task {task_id!r} is unknown or was already drawn as a sample")
                 orders.append(order)
