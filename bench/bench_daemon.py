@@ -23,16 +23,16 @@ Where the time goes, for both paths, from the first start to the last result:
   so neither side has a deeper queue than the other (with 2 a slot it ran ~2% slower).
 
 The daemon attaches its agents in the background and dispatches as soon as the first is ready,
-so its span holds the others' start-up (two Python processes an agent: 2-5 s for 16 on a loaded
-2-core machine), which the bare path pays before its clock starts. ``all agents attached``: the
+so its span holds the others' start-up (a Python process an agent, reached on its socket: about
+1 s for 16 on this 2-core machine), which the bare path pays before its clock starts. ``all agents attached``: the
 daemon's tasks dispatched after its last ``node.ready``, over the time from then to the last
 result (those dispatched before, running or queued, are left out: a little pessimistic), the
 same figure as the bare path's. ``agents' start-up on both clocks``: the other way to make the
 two alike, each clock started when its agents are started (the daemon's ``run.start``; the
-bare path's first ``attach_local_agent``, all 16 started at once) and stopped at the last result.
+bare path's first ``connect_local_agent``, all 16 started at once) and stopped at the last result.
 
-Also the CPU of ``broker run`` and its attach bridges per task, start-up included (the agents
-are detached and not counted). Medians over ``--repeat`` runs of each. No asserts: a loaded
+Also the CPU of ``broker run`` per task, start-up included (the agents are detached and not
+counted). Medians over ``--repeat`` runs of each. No asserts: a loaded
 machine moves every figure.
 """
 
@@ -222,7 +222,7 @@ def _print(args: argparse.Namespace, spawn: float, bare: list, daemon: list[Daem
           f"daemon {_runs([1e3 * f.master_cpu_s / n for f in daemon], '.3f')} (the broker run process), "
           f"of which its loop thread {_runs([1e3 * f.loop_cpu_s / n for f in daemon], '.3f')}")
     print(f"  broker run CPU per task:   {_runs([1e3 * f.cpu_s / n for f in daemon], '.3f')} ms (the process and "
-          f"its attach bridges, start-up included)")
+          f"its children, start-up included)")
     if calibrated:
         c = statistics.median(f.tasks_per_s for f in calibrated)
         print(f"calibration: the bare path burning {args.calibrate:g} ms CPU per result in its loop: "

@@ -3,8 +3,8 @@
     python3 bench/bench_dispatch.py                      # 1, 4 and 16 local agents, 4 slots each
     python3 bench/bench_dispatch.py --tasks 20000 --slots 8 --agents 1,2,4 --command true
 
-Each row starts that many local agents (``attach_local_agent``: the same detached daemon
-and attach bridge an SSH node runs), keeps ``window`` Runs in flight per agent (twice its
+Each row starts that many local agents (``connect_local_agent``: the same detached daemon an
+SSH node runs, reached on its socket as ``broker run`` reaches a local node), keeps ``window`` Runs in flight per agent (twice its
 slots: a slot never waits for the master), acknowledges Results in batches, and times the
 whole bag from the first submit to the last Result. Figures:
 
@@ -28,6 +28,7 @@ import queue
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from broker.shells.agent_client import AgentClient, NodeLost  # noqa: E402
-from broker.shells.local_transport import attach_local_agent, stop_local_agent  # noqa: E402
+from broker.shells.local_transport import connect_local_agent, stop_local_agent  # noqa: E402
 from broker.shells.transport import Transport  # noqa: E402
 from workers.protocol import Result, Run  # noqa: E402
 
@@ -147,8 +148,9 @@ def local_dispatch(agents: int, slots: int, n_tasks: int, command: str, window_p
         dirs = [Path(root) / f"a{i}" for i in range(agents)]
         try:
             attach_started = time.perf_counter()  # every agent starts at once; their Hellos are awaited in turn
-            return run_dispatch([attach_local_agent(d, slots, lease_s=ORPHAN_LEASE_S) for d in dirs], n_tasks,
-                                command, window_per_slot, extra_cpu_ms, attach_started)
+            with ThreadPoolExecutor(len(dirs)) as pool:
+                transports = list(pool.map(lambda d: connect_local_agent(d, slots, lease_s=ORPHAN_LEASE_S), dirs))
+            return run_dispatch(transports, n_tasks, command, window_per_slot, extra_cpu_ms, attach_started)
         finally:
             for d in dirs:
                 stop_local_agent(d)

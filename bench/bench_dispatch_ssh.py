@@ -30,7 +30,7 @@ import structlog  # noqa: E402
 
 from bench.bench_dispatch import ORPHAN_LEASE_S  # noqa: E402  (a killed bench's agents stop by themselves)
 from broker.shells.agent_client import AgentClient, NodeLost  # noqa: E402
-from broker.shells.local_transport import attach_local_agent, stop_local_agent  # noqa: E402
+from broker.shells.local_transport import connect_local_agent, stop_local_agent  # noqa: E402
 from broker.shells.ssh import SshSession, SshTarget, connect  # noqa: E402
 from broker.shells.transport import Transport  # noqa: E402
 from tests.sshd import TestSshd, running_sshd  # noqa: E402
@@ -136,8 +136,8 @@ def main() -> int:
                         session.close()
 
                     def attach_local(index: int) -> Transport:
-                        return attach_local_agent(base / "local" / f"k{agents}-node-{index}", args.slots,
-                                                  lease_s=ORPHAN_LEASE_S)
+                        return connect_local_agent(base / "local" / f"k{agents}-node-{index}", args.slots,
+                                                   lease_s=ORPHAN_LEASE_S)
 
                     local_rate = run_once(attach_local, agents, args.tasks, args.slots)
                     rows.append((agents, ssh_rate, local_rate))

@@ -1525,13 +1525,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _connect() -> Optional[socket.socket]:
+class AgentStartError(RuntimeError):
+    """The agent daemon could not be reached or started (its log's tail is in the message)."""
+
+
+def _connect(state_dir: str) -> Optional[socket.socket]:
+    """A connection to the daemon serving ``state_dir``, or None if none listens there. A
+    path past the socket address's 108 bytes is reached through the directory's descriptor."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path, dir_fd = os.path.join(state_dir, SOCKET_NAME), -1
     try:
-        sock.connect(SOCKET_NAME)
+        if len(os.fsencode(path)) > 100:
+            dir_fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY)
+            path = f"/proc/self/fd/{dir_fd}/{SOCKET_NAME}"
+        sock.connect(path)
     except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
         return None
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        if dir_fd >= 0:
+            os.close(dir_fd)
     return sock
 
 
@@ -1539,44 +1555,60 @@ def _start_daemon(args: argparse.Namespace, state_dir: str) -> subprocess.Popen:
     """The daemon in a session of its own, cut from our stdio, so it survives our channel."""
     # -S: the agent is stdlib-only, and site's .pth files cost a start-up as much again
     argv = [sys.executable, "-B", "-S", AGENT_FILE, "serve", "--state-dir", state_dir] + _common_argv(args)
-    with open(private_open(LOG_NAME, os.O_WRONLY | os.O_APPEND), "ab") as log_file:
+    with open(private_open(os.path.join(state_dir, LOG_NAME), os.O_WRONLY | os.O_APPEND), "ab") as log_file:
         return subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=log_file,
+            cwd=state_dir,
             start_new_session=True,
             close_fds=True,
         )
 
 
 def _connect_or_start(args: argparse.Namespace, state_dir: str) -> socket.socket:
-    sock = _connect()
+    sock = _connect(state_dir)
     if sock is not None:
         return sock
     daemon = _start_daemon(args, state_dir)
     deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
     while time.monotonic() < deadline:
-        sock = _connect()
+        sock = _connect(state_dir)
         if sock is not None:
             return sock
         code = daemon.poll()
         if code not in (None, 0):
-            with open(LOG_NAME, "rb") as f:
+            with open(os.path.join(state_dir, LOG_NAME), "rb") as f:
                 tail = f.read()[-2000:].decode("utf-8", "replace")
-            raise SystemExit(f"the agent daemon failed (exit {code}); {state_dir}/{LOG_NAME} ends:\n{tail}")
+            raise AgentStartError(f"the agent daemon failed (exit {code}); {state_dir}/{LOG_NAME} ends:\n{tail}")
         time.sleep(0.01)
-    raise SystemExit(f"the agent daemon did not open {state_dir}/{SOCKET_NAME} within {DAEMON_START_TIMEOUT_S:g} s")
+    raise AgentStartError(f"the agent daemon did not open {state_dir}/{SOCKET_NAME} within {DAEMON_START_TIMEOUT_S:g} s")
+
+
+def open_connection(args: argparse.Namespace) -> socket.socket:
+    """What ``attach`` does before it bridges: the state dir made (0700), finished runs' state
+    swept (``--keep-s``), and a connection to the daemon serving it, started if none is.
+    ``args``: ``attach``'s (:func:`build_parser`). The master calls it in its own process for
+    an agent on its own machine, and speaks on the socket with no bridge process between
+    (``broker/shells/local_transport.py``); raises :class:`AgentStartError`."""
+    try:
+        resolve_output_cap(args)
+    except ValueError as exc:
+        raise AgentStartError(str(exc)) from None
+    state_dir = _prepare_state_dir(args.state_dir)
+    if args.keep_s is not None:
+        sweep_finished(state_dir, args.keep_s)
+    return _connect_or_start(args, state_dir)
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
     """Bridge stdin/stdout to the daemon; return when the daemon ends the connection."""
     _batch_scheduling()
-    state_dir = _prepare_state_dir(args.state_dir)
-    if args.keep_s is not None:
-        sweep_finished(state_dir, args.keep_s)
-    os.chdir(state_dir)
-    sock = _connect_or_start(args, state_dir)
+    try:
+        sock = open_connection(args)
+    except AgentStartError as exc:
+        raise SystemExit(str(exc)) from None
 
     def pump_stdin() -> None:
         try:
@@ -1755,15 +1787,24 @@ def _byte_count(text: str) -> int:
     return value
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def resolve_output_cap(args: argparse.Namespace) -> None:
+    """``--max-output-bytes`` when not given: ``$BROKER_MAX_OUTPUT_BYTES``, else the default;
+    ValueError if the environment's value is not a byte count."""
     if getattr(args, "max_output_bytes", 0) is None:  # serve and attach; stop has none
         from_env = os.environ.get(MAX_OUTPUT_ENV)
         try:
             args.max_output_bytes = DEFAULT_MAX_OUTPUT_BYTES if from_env is None else _byte_count(from_env)
         except (ValueError, argparse.ArgumentTypeError):
-            parser.error(f"{MAX_OUTPUT_ENV}={from_env!r}: expected a number of bytes >= 0 (0: no cap)")
+            raise ValueError(f"{MAX_OUTPUT_ENV}={from_env!r}: expected a number of bytes >= 0 (0: no cap)") from None
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        resolve_output_cap(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     return args.func(args)
 
 

@@ -1,9 +1,14 @@
-"""The Transport contract over a local subprocess's stdin and stdout pipes.
+"""Transports to an agent on this machine.
 
-Used for the local node and for dry-run "instances": :func:`attach_local_agent` runs
-``agent.py attach`` from the ``workers`` package, which starts (or finds) the agent daemon
-for a state directory and bridges the pipes to it, exactly as the SSH transport does on a
-remote node. :func:`stop_local_agent` is the matching safety valve.
+The local node and dry-run "instances" use :func:`connect_local_agent`: it does in this
+process what ``agent.py attach`` does first (the state dir, the sweep of finished runs'
+state, reaching the agent daemon for that directory or starting it) and speaks on the
+daemon's socket directly. :func:`attach_local_agent` runs ``agent.py attach`` itself, the
+bridge an SSH node runs, over its stdin and stdout pipes (:class:`LocalTransport`): the
+same daemon behind one more process. With no bridge a local agent costs one Python process,
+not two (16 agents start with half the CPU), and each message skips a process's two copies
+and wake-ups (ninth session, ``bench/bench_daemon.py``). :func:`stop_local_agent` is the
+matching safety valve.
 
 Thread use: one thread may sit in :meth:`LocalTransport.recv` while others :meth:`send`
 and :meth:`close`; ``close`` wakes a waiting ``recv`` (it returns ``b""``) before it
@@ -13,6 +18,7 @@ releases the file descriptors, so no thread ever reads a descriptor number reuse
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -20,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import workers
-from broker.shells.transport import TransportClosed, wait_readable, write_nowait
+from broker.shells.transport import SocketTransport, TransportClosed, wait_readable, write_nowait
 
 AGENT_SCRIPT = Path(workers.__file__).parent / "agent.py"
 CLOSE_GRACE_S = 2.0
@@ -137,6 +143,38 @@ class LocalTransport:
         self.close()
 
 
+class AgentSocket(SocketTransport):
+    """:class:`~broker.shells.transport.SocketTransport` on the agent daemon's Unix socket."""
+
+    def kill(self) -> None:
+        """Drop the connection abruptly, as a network failure would (the agent detaches us)."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.close()
+
+
+def _attach_options(state_dir: str | os.PathLike[str], slots: int, options: dict[str, object]) -> list[str]:
+    """``agent.py attach``'s arguments for :func:`attach_local_agent`'s options."""
+    argv = ["--state-dir", os.fspath(state_dir), "--slots", str(slots)]
+    for name, value in options.items():  # node, grace_s, ... spot_metadata (a spot instance: where its notice is read)
+        if value is not None:
+            argv += [f"--{name.replace('_', '-')}", str(value)]
+    return argv
+
+
+def connect_local_agent(state_dir: str | os.PathLike[str], slots: int, **options: object) -> AgentSocket:
+    """Reach (or start) the detached agent daemon serving ``state_dir`` and talk to it on its
+    socket, with no bridge process; options as :func:`attach_local_agent`'s. Raises
+    ``workers.agent.AgentStartError`` (with the agent log's tail) if the daemon fails to start.
+    The daemon keeps running after this transport closes, as with :func:`attach_local_agent`."""
+    from workers.agent import build_parser, open_connection
+
+    args = build_parser().parse_args(["attach", *_attach_options(state_dir, slots, options)])
+    return AgentSocket(open_connection(args))
+
+
 def attach_local_agent(
     state_dir: str | os.PathLike[str],
     slots: int,
@@ -151,26 +189,16 @@ def attach_local_agent(
     spot_metadata: str | None = None,
     spot_poll_s: float | None = None,
 ) -> LocalTransport:
-    """Start (or reach) the detached agent daemon serving ``state_dir``; talk to it over pipes.
+    """Start (or reach) the detached agent daemon serving ``state_dir``; talk to it over pipes,
+    through ``agent.py attach`` (the bridge an SSH node runs).
 
     The daemon keeps running after this transport closes; stop it with a ``Shutdown``
     message or :func:`stop_local_agent`. The options only matter when the daemon starts.
     """
     # -S: the agent is stdlib-only (site's .pth files would cost as much as the rest of its start-up)
-    argv = [python, "-S", str(AGENT_SCRIPT), "attach", "--state-dir", os.fspath(state_dir), "--slots", str(slots)]
-    for flag, value in (
-        ("--node", node),
-        ("--grace-s", grace_s),
-        ("--idle-exit-s", idle_exit_s),
-        ("--progress-poll-s", progress_poll_s),
-        ("--lease-s", lease_s),
-        ("--keep-s", keep_s),
-        ("--spot-metadata", spot_metadata),  # a spot instance: where its notice is read
-        ("--spot-poll-s", spot_poll_s),
-    ):
-        if value is not None:
-            argv += [flag, str(value)]
-    return LocalTransport.spawn(argv)
+    options = dict(node=node, grace_s=grace_s, idle_exit_s=idle_exit_s, progress_poll_s=progress_poll_s,
+                   lease_s=lease_s, keep_s=keep_s, spot_metadata=spot_metadata, spot_poll_s=spot_poll_s)
+    return LocalTransport.spawn([python, "-S", str(AGENT_SCRIPT), "attach", *_attach_options(state_dir, slots, options)])
 
 
 def local_agent_pid(state_dir: str | os.PathLike[str]) -> int | None:

@@ -1,7 +1,7 @@
-"""How the live shell reaches a node's worker agent: local pipes or an SSH stream.
+"""How the live shell reaches a node's worker agent: its local socket or an SSH stream.
 
 - the private ``local: true`` node, and every dry-run "instance", get a detached agent on
-  this machine serving ``run_dir/agents/<node>`` (:func:`attach_local_agent`); the addresses
+  this machine serving ``run_dir/agents/<node>`` (:func:`connect_local_agent`); the addresses
   moto reports are never contacted;
 - a private node with a host is reached over SSH: connect (host key checked against
   known_hosts), ship the agent's files, and open a stream to ``agent.py attach``, whose
@@ -31,7 +31,7 @@ from broker.config.aws import AwsSettings
 from broker.core.model import PrivateNode
 from broker.shells.agent_client import AgentClient
 from broker.shells.attach_pool import AttachPool
-from broker.shells.local_transport import attach_local_agent, stop_local_agent
+from broker.shells.local_transport import connect_local_agent, stop_local_agent
 from broker.shells.node_files import fetch_local, fetch_over_ssh
 from broker.shells.private_files import private_dir
 from broker.shells.ssh_errors import is_transient, raise_with
@@ -79,7 +79,7 @@ class LocalAgents:
     def attach(self, node: str, slots: int, expect: tuple = (), spot: bool = False) -> AgentClient:
         """``expect``: Runs a previous daemon submitted there (see AgentClient); ``spot``: its agent watches."""
         state_dir = private_dir(agent_dir(self.run_dir, node))  # 0700 before the agent's first file
-        transport = attach_local_agent(state_dir, slots, node=node, grace_s=1.0, lease_s=self.lease_s,
+        transport = connect_local_agent(state_dir, slots, node=node, grace_s=1.0, lease_s=self.lease_s,
                                        **self._spot_options(node, spot))
         try:
             return AgentClient(transport, node, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s,
@@ -92,7 +92,7 @@ class LocalAgents:
     def reattach(self, node: str, slots: int, client: AgentClient, spot: bool = False) -> None:
         """A new connection for ``client`` after its agent's link broke; starts the agent
         again on the same state directory if it is gone (it then reports what it lost)."""
-        transport = attach_local_agent(agent_dir(self.run_dir, node), slots, node=node, grace_s=1.0,
+        transport = connect_local_agent(agent_dir(self.run_dir, node), slots, node=node, grace_s=1.0,
                                        lease_s=self.lease_s, **self._spot_options(node, spot))
         try:
             client.reattach(transport)
