@@ -5,7 +5,8 @@ Each bound of a promise is moved out by the controller's hysteresis band times w
 (``Forecast.promise``'s tolerance). For the makespan that is real (the fleet is not changed
 for a change of the work inside the band). The forecast's cost already carries the work's
 mean error and spread, so after the first promise the cost's own tolerance is
-``hysteresis_min`` (``promises.cost_tolerance``). Before, the cost interval at 10% done was
+``hysteresis_min`` (``promises.cost_tolerance``), unless the forecast's cost interval spans
+fewer than two of the priciest instance-hours (a settled fleet). Before, the cost interval at 10% done was
 2.3x the floor 2 z cv / sqrt(n) and held the delivered cost in 100% of runs
 (bench/results/promises.txt)."""
 
@@ -18,9 +19,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from broker.core.billing import Billing
 from broker.core.control.controller import ControllerConfig
 from broker.core.control.promises import cost_tolerance
 from broker.core.control.snapshot import Goal
+from broker.core.model import MachineType
 from broker.core.plan.promise import Forecast
 from broker.sim.engine import SimOptions, Simulation
 
@@ -28,11 +31,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import promises as bench  # noqa: E402  (the scenarios of bench/promises.py)
 
 
-def test_the_cost_tolerance_is_the_band_at_the_first_promise_and_the_floor_after():
+def test_the_cost_tolerance_is_the_band_at_the_first_promise_or_on_a_settled_fleet_else_the_floor():
     ctl = SimpleNamespace(config=ControllerConfig())
-    assert cost_tolerance(ctl, SimpleNamespace(first_promise=None), 0.15) == 0.15
-    assert cost_tolerance(ctl, SimpleNamespace(first_promise=object()), 0.15) == ctl.config.hysteresis_min
-    assert cost_tolerance(ctl, SimpleNamespace(first_promise=object()), 0.005) == 0.005
+    snap = SimpleNamespace(types={"c1.xlarge": MachineType("c1.xlarge", 1, 20.0, 0.66, 20, 0.0, Billing.hourly()),
+                                  "m1.small": MachineType("m1.small", 1, 1.0, 0.08, 20, 0.0, Billing.hourly())})
+    spread = Forecast(np.zeros(101), np.linspace(100.0, 120.0, 101))  # 90%: $101-$119, 27 c1.xlarge hours
+    settled = Forecast(np.zeros(101), np.linspace(18.0, 19.0, 101))  # 90%: $18.05-$18.95, under 2 of them
+    first, later = SimpleNamespace(first_promise=None), SimpleNamespace(first_promise=object())
+    assert cost_tolerance(ctl, snap, first, spread, 0.15) == 0.15
+    assert cost_tolerance(ctl, snap, later, spread, 0.15) == ctl.config.hysteresis_min
+    assert cost_tolerance(ctl, snap, later, spread, 0.005) == 0.005
+    assert cost_tolerance(ctl, snap, later, settled, 0.03) == 0.03
 
 
 def test_a_cost_tolerance_moves_only_the_cost_bounds():
