@@ -204,24 +204,27 @@ class Forecast:
     def cost_quantile(self, q: float) -> float:
         return float(np.quantile(self.costs_usd, q))
 
-    def promise(self, confidence: float, why: str | None = None, tolerance: float = 0.0) -> Promise:
+    def promise(self, confidence: float, why: str | None = None, tolerance: float = 0.0,
+                cost_tolerance: float | None = None) -> Promise:
         """Medians and central ``confidence`` intervals. ``tolerance``: the relative change of
         the work the controller lets pass without acting (its hysteresis band): what is still
         to come may end that much either side of where the forecast's fleet puts it, so each
         bound moves away from the point by that share of what is left (time after
-        ``elapsed_s``, spend beyond ``spent_usd``)."""
+        ``elapsed_s``, spend beyond ``spent_usd``). ``cost_tolerance``: the cost's own share
+        (default ``tolerance``; ``promises.cost_tolerance``)."""
         lo, hi = (1 - confidence) / 2, 1 - (1 - confidence) / 2
         m, c = self.makespans_s, self.costs_usd
 
-        def band(x, base, cap=math.inf):
+        def band(x, base, cap=math.inf, tol=tolerance):
             a, b = float(np.quantile(x, lo)), float(np.quantile(x, hi))
-            return min(a - tolerance * max(a - base, 0.0), cap), min(b + tolerance * max(b - base, 0.0), cap)
+            return min(a - tol * max(a - base, 0.0), cap), min(b + tol * max(b - base, 0.0), cap)
 
         cap = math.inf if self.budget_usd is None else self.budget_usd  # a budget is a hard cap
+        cost_tol = tolerance if cost_tolerance is None else cost_tolerance
         return Promise(
             confidence=confidence,
             makespan_s=float(np.median(m)), cost_usd=min(float(np.median(c)), cap),
-            makespan_s_range=band(m, self.elapsed_s), cost_usd_range=band(c, self.spent_usd, cap),
+            makespan_s_range=band(m, self.elapsed_s), cost_usd_range=band(c, self.spent_usd, cap, cost_tol),
             why=why, budget_usd=self.budget_usd,
             stop_share=0.0 if self.stopped is None else float(np.mean(self.stopped)),
         )
