@@ -222,7 +222,7 @@ def _print(args: argparse.Namespace, spawn: float, bare: list, daemon: list[Daem
           f"daemon {_runs([1e3 * f.master_cpu_s / n for f in daemon], '.3f')} (the broker run process), "
           f"of which its loop thread {_runs([1e3 * f.loop_cpu_s / n for f in daemon], '.3f')}")
     print(f"  broker run CPU per task:   {_runs([1e3 * f.cpu_s / n for f in daemon], '.3f')} ms (the process and "
-          f"its children, start-up included)")
+          f"its children, start-up included: the local agents it started and their tasks, once reaped)")
     if calibrated:
         c = statistics.median(f.tasks_per_s for f in calibrated)
         print(f"calibration: the bare path burning {args.calibrate:g} ms CPU per result in its loop: "
