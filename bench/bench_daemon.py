@@ -24,15 +24,16 @@ Where the time goes, for both paths, from the first start to the last result:
 
 The daemon attaches its agents in the background and dispatches as soon as the first is ready,
 so its span holds the others' start-up (a Python process an agent, reached on its socket: about
-1 s for 16 on this 2-core machine), which the bare path pays before its clock starts. ``all agents attached``: the
-daemon's tasks dispatched after its last ``node.ready``, over the time from then to the last
-result (those dispatched before, running or queued, are left out: a little pessimistic), the
-same figure as the bare path's. ``agents' start-up on both clocks``: the other way to make the
+0.5 s for 16 on this 2-core machine), which the bare path pays before its clock starts. ``all
+agents attached``: the daemon's tasks dispatched after its last ``node.ready``, over the time
+from then to the last result (those dispatched before, running or queued, are left out: a
+little pessimistic), the same figure as the bare path's. ``agents' start-up on both clocks``: the other way to make the
 two alike, each clock started when its agents are started (the daemon's ``run.start``; the
 bare path's first ``connect_local_agent``, all 16 started at once) and stopped at the last result.
 
-Also the CPU of ``broker run`` per task, start-up included (the agents are detached and not
-counted). Medians over ``--repeat`` runs of each. No asserts: a loaded
+Also the CPU of ``broker run`` and its children per task, start-up included: the local agents
+it starts are its children, and with them their tasks, counted once reaped (an agent still
+running at the end is not). Medians over ``--repeat`` runs of each. No asserts: a loaded
 machine moves every figure.
 """
 

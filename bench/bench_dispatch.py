@@ -4,8 +4,8 @@
     python3 bench/bench_dispatch.py --tasks 20000 --slots 8 --agents 1,2,4 --command true
 
 Each row starts that many local agents (``connect_local_agent``: the same detached daemon an
-SSH node runs, reached on its socket as ``broker run`` reaches a local node), keeps ``window`` Runs in flight per agent (twice its
-slots: a slot never waits for the master), acknowledges Results in batches, and times the
+SSH node runs, reached on its socket as ``broker run`` reaches a local node), keeps
+``window`` Runs in flight per agent (twice its slots: a slot never waits for the master), acknowledges Results in batches, and times the
 whole bag from the first submit to the last Result. Figures:
 
 - tasks/s            completed no-op tasks per second of wall time;
@@ -28,8 +28,8 @@ import queue
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -76,6 +76,7 @@ def test_a_dropped_connection_leaves_the_agent_and_its_results_for_the_next(tmp_
         result = _result(again)
         assert (result.task, result.stdout_tail) == ("t1", "late\n")  # replayed to the new connection
         second.close()
+        first.close()
     finally:
         stop_local_agent(state_dir)
 
@@ -88,8 +89,6 @@ def test_a_daemon_that_cannot_start_says_why_without_ending_the_master(tmp_path,
     finally:
         stop_local_agent(tmp_path / "agent")
     monkeypatch.delenv(MAX_OUTPUT_ENV)
-    (tmp_path / "bad").mkdir(mode=0o700)
-    (tmp_path / "bad" / "agent.log").write_text("")
     monkeypatch.setattr("workers.agent.AGENT_FILE", str(tmp_path / "missing.py"))  # the daemon exits at once
     with pytest.raises(AgentStartError, match=r"(?s)the agent daemon failed \(exit 2\).*missing\.py"):
         connect_local_agent(tmp_path / "bad", 1)

@@ -4,8 +4,8 @@ Before it, each :class:`~broker.shells.agent_client.AgentClient` had a reader th
 own (a thousand agents, a thousand threads, each woken for every message). The hub is one
 thread around one ``epoll`` set: each transport that has a descriptor to wait on
 (``fileno()``: a local agent's socket, the stdout pipe of an ``agent.py attach`` bridge, a
-paramiko channel's readiness pipe) is watched there, and the hub calls its :class:`Watcher` when bytes (or the
-end of the stream) arrive, and when its timer is due (the client's ping and silence
+paramiko channel's readiness pipe) is watched there, and the hub calls its :class:`Watcher`
+when bytes (or the end of the stream) arrive, and when its timer is due (the client's ping and silence
 deadlines). The SSH transport's own thread stays: that one is paramiko's, one per host
 connection, and it is what makes the channel's descriptor readable.
 

@@ -80,7 +80,7 @@ class LocalAgents:
         """``expect``: Runs a previous daemon submitted there (see AgentClient); ``spot``: its agent watches."""
         state_dir = private_dir(agent_dir(self.run_dir, node))  # 0700 before the agent's first file
         transport = connect_local_agent(state_dir, slots, node=node, grace_s=1.0, lease_s=self.lease_s,
-                                       **self._spot_options(node, spot))
+                                        **self._spot_options(node, spot))
         try:
             return AgentClient(transport, node, inbox=self.inbox, handshake_timeout_s=self.handshake_timeout_s,
                                expect=expect, started=False)
@@ -93,7 +93,7 @@ class LocalAgents:
         """A new connection for ``client`` after its agent's link broke; starts the agent
         again on the same state directory if it is gone (it then reports what it lost)."""
         transport = connect_local_agent(agent_dir(self.run_dir, node), slots, node=node, grace_s=1.0,
-                                       lease_s=self.lease_s, **self._spot_options(node, spot))
+                                        lease_s=self.lease_s, **self._spot_options(node, spot))
         try:
             client.reattach(transport)
         except Exception:

@@ -231,7 +231,7 @@ def cost_tolerance(ctl: Controller, snap: Snapshot, memory: Memory, told, tolera
     if memory.first_promise is None:
         return tolerance
     conf = ctl.config.confidence
-    step = max((t.price_per_hour * t.billing.unit_s / 3600.0 for t in snap.types.values()), default=0.0)
+    step = max((t.unit_cost_usd for t in snap.types.values()), default=0.0)
     if told.cost_quantile(1 - (1 - conf) / 2) - told.cost_quantile((1 - conf) / 2) < SETTLED_STEPS * step:
         return tolerance
     return min(tolerance, ctl.config.hysteresis_min)
