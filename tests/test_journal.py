@@ -368,6 +368,38 @@ def test_a_journal_without_the_interrupted_column_gets_it_on_a_writable_open(tmp
     assert again.mark_interrupted("i-1") and again.instances(10.0)[0].interrupted
 
 
+def _indexes(path) -> set[str]:
+    raw = sqlite3.connect(path)
+    try:
+        return {name for (name,) in raw.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    finally:
+        raw.close()
+
+
+def test_the_tasks_have_no_state_index_and_an_older_journal_loses_it_on_a_writable_open(tmp_path):
+    """Each start and result moved two entries of an index on tasks.state (random pages: tasks
+    go out in random order) for counts that read the table anyway: a new journal has none, an
+    older one loses it when a run resumes, and the counts are the same either way."""
+    journal = new_journal(tmp_path)
+    journal.task_started("t0", 1, "n1")
+    journal.task_finished("t0", 1, OK)
+    journal.task_started("t1", 1, "n1")
+    before = journal.status()["tasks"]
+    journal.close()
+    path = tmp_path / "run" / JOURNAL_FILE
+    assert "tasks_by_state" not in _indexes(path)
+    raw = sqlite3.connect(path)
+    raw.execute("CREATE INDEX tasks_by_state ON tasks (state)")  # as journals were written before
+    raw.commit()
+    raw.close()
+    reader = Journal.open(tmp_path / "run", readonly=True)
+    assert reader.status()["tasks"] == before == {"total": 3, "done": 1, "running": 1, "failed": 0, "left": 2}
+    reader.close()
+    assert "tasks_by_state" in _indexes(path)  # a reader changes nothing
+    Journal.open(tmp_path / "run").close()
+    assert "tasks_by_state" not in _indexes(path)
+
+
 def test_per_second_spend_has_a_minute_minimum_then_prorates(tmp_path):
     journal = new_journal(tmp_path)
     journal.record_launch("i-2", "m5.large", launched_at_s=0.0, price_per_hour=0.36,

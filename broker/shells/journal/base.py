@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 
 from broker.shells.diskfull import is_disk_full
 
-from .schema import _SCHEMA, INTERRUPTED_COLUMN, JOURNAL_FILE, NODE_HEARD_TABLE, SCHEMA_VERSION, JournalDiskFull, JournalError, JournalNotFound
+from .schema import _SCHEMA, DROP_STATE_INDEX, INTERRUPTED_COLUMN, JOURNAL_FILE, NODE_HEARD_TABLE, SCHEMA_VERSION, JournalDiskFull, JournalError, JournalNotFound
 
 
 class JournalBase:
@@ -118,6 +118,7 @@ class JournalBase:
             columns = {r[1] for r in db.execute("PRAGMA table_info(instances)")}
             if not self.readonly:
                 db.execute(NODE_HEARD_TABLE)
+                db.execute(DROP_STATE_INDEX)
                 if "interrupted" not in columns:
                     db.execute(INTERRUPTED_COLUMN)
                     columns.add("interrupted")
