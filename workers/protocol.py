@@ -376,8 +376,22 @@ def _reject_constant(name: str) -> Any:
 
 # Made once: json.dumps and json.loads with options build an encoder or decoder per call, a
 # cost paid for every Run, Ack, Started and Result of every task.
-_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _DECODE = json.JSONDecoder(parse_constant=_reject_constant).decode
+# ... and JSONEncoder.encode still builds its C encoder on every call (a third of a message's
+# encoding): made once here. No circular-reference check: a message's fields are flat (a
+# RecursionError falls back to the encoder, which names the problem).
+_C_ENCODE = (None if json.encoder.c_make_encoder is None else json.encoder.c_make_encoder(
+    None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False, False))
+
+
+def _ENCODE(obj: Dict[str, Any]) -> str:
+    if _C_ENCODE is None:
+        return _ENCODER.encode(obj)
+    try:
+        return "".join(_C_ENCODE(obj, 0))
+    except RecursionError:
+        return _ENCODER.encode(obj)
 
 
 def _loads(line: Any) -> Any:
