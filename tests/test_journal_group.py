@@ -160,6 +160,54 @@ def test_a_failing_batch_inside_a_group_rolls_back_alone(tmp_path):
     assert journal._db.execute("SELECT state FROM tasks WHERE id = 't1'").fetchone()[0] == "pending"
 
 
+class _CountingConnection:
+    """The journal's connection, counting the statements that insert events."""
+
+    def __init__(self, db):
+        self._db, self.inserts = db, 0
+
+    def __getattr__(self, name):
+        return getattr(self._db, name)
+
+    def execute(self, sql, *args):
+        self.inserts += sql.startswith("INSERT INTO events")
+        return self._db.execute(sql, *args)
+
+    def executemany(self, sql, rows):
+        self.inserts += sql.startswith("INSERT INTO events")
+        return self._db.executemany(sql, rows)
+
+
+def test_a_groups_events_go_in_one_statement_in_order_and_a_failed_batch_takes_its_own(tmp_path):
+    """A turn's events (a task.done a result) are held and inserted in one statement before it
+    commits, not one INSERT each (half their cost in the daemon's turn); the group reads them in
+    their order; a batch that fails drops its own and keeps the others; an error out of the
+    group drops them all; outside a group an event is stored at once."""
+    journal = new_journal(tmp_path)
+    reader = Journal.open(tmp_path / "run", readonly=True)
+    journal._db = counting = _CountingConnection(journal._db)
+    with journal.group():
+        for i in range(50):
+            journal.record_event("task.done", f'{{"task":"t{i}"}}')
+        with pytest.raises(RuntimeError):
+            with journal.batch():
+                journal.record_event("task.done", '{"task":"lost"}')
+                raise RuntimeError("daemon bug in one batch")
+        journal.record_event("plan.solved", {"makespan_s": 5.0})
+        assert [f.get("task", "plan") for _, _, f in journal.events()] == [f"t{i}" for i in range(50)] + ["plan"]
+        journal.record_event("task.done", '{"task":"t50"}')
+        assert reader.events() == []
+    names = [f.get("task", "plan") for _, _, f in reader.events()]
+    assert names == [f"t{i}" for i in range(50)] + ["plan", "t50"]
+    assert counting.inserts == 2  # the 51 before the read, then the one after it
+    with pytest.raises(RuntimeError):
+        with journal.group():
+            journal.record_event("task.done", '{"task":"never"}')
+            raise RuntimeError("daemon bug in a turn")
+    journal.record_event("run.done", {"state": "finished"})
+    assert [f.get("task", f.get("state")) for _, _, f in reader.events()][-2:] == ["t50", "finished"]
+
+
 KILLED_IN_A_GROUP = """
 import os, signal, sys
 from broker.core.model import Task

@@ -19,19 +19,8 @@ from broker.core.model import Task
 
 from .reader import JournalReader
 from .results import FinishedBatch
-from .schema import (
-    GOAL_KINDS,
-    GOAL_SINCE_PLAN,
-    TASK_CONTEXT,
-    INSTANCE_STATES,
-    AttemptResult,
-    JournalError,
-    RunRecord,
-    _billing,
-    _json,
-    _json_or_null,
-    file_sha256,
-)
+from .schema import (GOAL_KINDS, GOAL_SINCE_PLAN, INSTANCE_STATES, TASK_CONTEXT, AttemptResult, JournalError,
+                     RunRecord, _billing, _json, _json_or_null, file_sha256)
 
 # A start's effect on its task (task_started, tasks_started): running, or sampling if drawn.
 _STARTED = ("UPDATE tasks SET attempts = max(attempts, ?),"
@@ -593,7 +582,11 @@ class Journal(FinishedBatch, JournalReader):
 
     def record_event(self, name: str, fields: Mapping[str, Any] | str, *, at_s: float | None = None) -> None:
         """Store an event; ``fields`` is a mapping, or already its JSON (the log's one encoding of
-        it: :func:`broker.shells.logging.write_event`)."""
-        encoded = fields if isinstance(fields, str) else _json(dict(fields))
-        with self._write(one_statement=True) as db:
-            db.execute("INSERT INTO events (at, name, fields) VALUES (?, ?, ?)", (self._now(at_s), name, encoded))
+        it: :func:`broker.shells.logging.write_event`). Inside a transaction, with its others in
+        one statement before it commits (:meth:`_flush_events`)."""
+        row = (self._now(at_s), name, fields if isinstance(fields, str) else _json(dict(fields)))
+        with self._lock:
+            if self._in_batch:
+                return self._events.append(row)
+            with self._write(one_statement=True) as db:
+                db.execute("INSERT INTO events (at, name, fields) VALUES (?, ?, ?)", row)
