@@ -11,11 +11,13 @@ lost or away: its attempts end where they are.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from operator import attrgetter
 
 from ..queue_ahead import queue_positions
 from ..snapshot import RunningTask
 from .records import Attempt, NodeRecord
+
+_QUEUE_ORDER = attrgetter("started_at_s", "slot")  # the agent starts its queue in the order the Runs came
 
 
 class QueueMixin:
@@ -44,8 +46,8 @@ class QueueMixin:
         queued = [a for p, a in node.running.items() if p >= node.slots]
         if not queued:
             return
-        a = min(queued, key=lambda q: (q.started_at_s, q.slot))
-        moved = replace(a, slot=slot, started_at_s=now)
+        a = min(queued, key=_QUEUE_ORDER)
+        moved = a.moved(slot, now)
         del node.running[a.slot], node.running_views[a.slot]
         node.running[slot] = moved
         node.running_views[slot] = RunningTask(a.task_id, a.attempt, slot, now, self.estimates.get(a.task_id))
