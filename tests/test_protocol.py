@@ -154,6 +154,32 @@ def test_message_before_hello_is_a_remote_error():
         agent.next_event()
 
 
+def test_a_master_that_skips_started_never_decodes_it_once_the_agent_said_hello():
+    """The daemon's loop has no use for Started (one a task): its lines are dropped undecoded
+    (a sixth of the agent hub's CPU a no-op task). Only after the agent's Hello, and only
+    lines that open as encode() opens a Started; everything else is decoded and checked."""
+    master, agent = Connection("master", skip=("started",)), Connection("agent")
+    early = encode(Started("t0", 1, 7))
+    master.receive_data(early)
+    with pytest.raises(RemoteProtocolError, match="agent sent started before its Hello"):
+        master.next_event()
+    master, agent = Connection("master", skip=("started",)), Connection("agent")
+    agent.receive_data(master.send(Hello(role="master", node="n1")))
+    drain(agent)
+    stream = agent.send(Hello(role="agent", node="n1", slots=4))
+    for i in range(3):
+        stream += agent.send(Started(f"t{i}", 1, 100 + i)) + agent.send(Result(f"t{i}", 1, 0, 0.01))
+    stream += b'{"type":"started","task":1}\n'  # malformed, but of a skipped type: dropped
+    stream += b'{"task":"t9","type":"started","attempt":1,"pid":1}\n'  # not how encode() opens one: decoded
+    master.receive_data(stream)
+    events = drain(master)
+    assert [type(e) for e in events] == [Hello, Result, Result, Result, Started]
+    assert [e.task for e in events[1:]] == ["t0", "t1", "t2", "t9"]
+    master.receive_data(b'{"type":"result","task":"t3"}\n')  # a type not skipped is still checked
+    with pytest.raises(RemoteProtocolError, match="lacks the field"):
+        master.next_event()
+
+
 def test_sending_before_our_hello_is_a_local_error():
     with pytest.raises(LocalProtocolError, match="before its Hello"):
         Connection("master").send(Run("t", 1, "true"))

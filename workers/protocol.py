@@ -49,7 +49,7 @@ import enum
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Dict, Tuple, Union
+from typing import Any, Callable, ClassVar, Dict, Iterable, Tuple, Union
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_LINE_BYTES = 1 << 20
@@ -477,7 +477,10 @@ class Connection:
     them itself (the two directions share no state, but the object does not promise it).
     """
 
-    def __init__(self, role: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+    def __init__(self, role: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, skip: Iterable[str] = ()) -> None:
+        """``skip``: types of the peer's messages that this end has no use for (the daemon's
+        loop and ``Started``): once the peer's Hello is in, a line that opens as
+        :func:`encode` opens such a message is dropped without being decoded."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {role!r}")
         self.our_role = role
@@ -490,6 +493,7 @@ class Connection:
         self._scanned = 0  # bytes of _buffer known to hold no newline
         self._eof = False
         self._error: RemoteProtocolError | None = None
+        self._skip = tuple(b'{"type":"' + name.encode() + b'",' for name in skip)
 
     # ----------------------------------------------------------------- sending
 
@@ -543,6 +547,14 @@ class Connection:
             raise
 
     def _next_event(self) -> Message | ConnectionClosed | _NeedData:
+        while True:
+            line = self._next_line()
+            if not isinstance(line, bytes):
+                return line
+            if not (self._skip and self.their_state is State.OPEN and line.startswith(self._skip)):
+                return self._message(line)
+
+    def _next_line(self) -> bytes | ConnectionClosed | _NeedData:
         end = self._buffer.find(b"\n", self._scanned)
         if end < 0:
             self._scanned = len(self._buffer)
@@ -558,6 +570,9 @@ class Connection:
         line = bytes(self._buffer[:end])
         del self._buffer[: end + 1]
         self._scanned = 0
+        return line
+
+    def _message(self, line: bytes) -> Message:
         message = decode(line)
         next_state = TRANSITIONS.get((self.their_role, self.their_state, type(message)))
         if next_state is None:

@@ -87,9 +87,9 @@ class HandshakeError(ConnectionError):
 class _Link:
     """One connection (transport + protocol state); a re-attach makes a new one."""
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: Transport, skip_started: bool = False) -> None:
         self.transport = transport
-        self.conn = Connection("master")
+        self.conn = Connection("master", skip=("started",) if skip_started else ())  # not even decoded
         self.greeted = threading.Event()
         self.done = threading.Event()
         self.error: str | None = None
@@ -295,7 +295,7 @@ class AgentClient:
     # ----------------------------------------------------------------- connection
 
     def _open(self, transport: Transport) -> None:
-        link = self._link = _Link(transport)
+        link = self._link = _Link(transport, skip_started=not self.deliver_started)
         now = time.monotonic()
         link.last_heard, link.next_ping = now, now + self.ping_interval_s
         hub = AgentHub.shared() if AgentHub.can_watch(transport) else None
