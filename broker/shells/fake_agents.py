@@ -219,7 +219,8 @@ class FakeNodes:
 
     def _attach(self, node: str, slots: int) -> AgentClient:
         self.first_at = self.first_at or time.perf_counter()
-        client = AgentClient(self.fakes.connect(node, slots), node, inbox=self.inbox, **self.client_options)
+        client = AgentClient(self.fakes.connect(node, slots), node, inbox=self.inbox,
+                             **{"started": False, **self.client_options})  # as the daemon's clients (nodes.py)
         self.last_at = time.perf_counter()
         return client
 

@@ -19,7 +19,7 @@ from broker.core.control.ledger import Ended, Followup, NodeQuarantined, Quarant
 from broker.shells.agent_client import NodeLost, TaskLost
 from broker.shells.journal import AttemptResult
 from broker.shells.logging import mask_secrets, write_event
-from workers.protocol import Interruption, Result, Run
+from workers.protocol import Interruption, Progress, Result, Run, Started
 
 from .spot import is_spot_cancel
 from .types import SETUP_TASK, Reconnected, ReleaseDue
@@ -87,6 +87,8 @@ class AttemptsMixin:
                 self._journal_finished()
                 return self._on_setup(node, message)
             return self._on_result(node, message)
+        if isinstance(message, (Started, Progress)):
+            return False  # nothing the ledger keeps: the turn's results stay one batch (Journal.tasks_finished)
         self._journal_finished()  # the turn's results so far before anything else, in their order
         if isinstance(message, NodeLost):
             return self._on_node_lost(node, message.reason)
@@ -96,7 +98,7 @@ class AttemptsMixin:
             now = self.clock.now_s()
             e = self.ledger.on_attempt_lost(node, message.task, message.attempt, now)
             return self._lost(e, mask_secrets(message.reason))
-        return False  # Started and Progress change nothing the ledger keeps
+        return False
 
     def _on_setup(self, node: str, result: Result) -> bool:
         now = self.clock.now_s()
