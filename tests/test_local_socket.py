@@ -101,3 +101,57 @@ def test_the_run_s_local_nodes_use_the_socket(tmp_path):
         assert isinstance(client._link.transport, AgentSocket)
     finally:
         agents.stop("local", client)
+
+
+def test_a_reattach_that_meets_a_dying_agents_socket_tries_again_and_reaches_a_fresh_agent(tmp_path):
+    """An agent killed a moment ago can still accept a connection on its socket and then drop
+    it (the daemon reacted 4 ms after a SIGKILL and lost the node: tests/test_daemon_faults.py's
+    killed instance agent, now and then): the re-attach tries again and reaches a new agent."""
+    import socket
+    import threading
+
+    from broker.shells.nodes import agent_dir
+    from workers.agent import SOCKET_NAME
+
+    agents = LocalAgents(Path(tmp_path), queue.Queue())
+    client = agents.attach("local", 1)
+    state_dir = agent_dir(Path(tmp_path), "local")
+    first = local_agent_pid(state_dir)
+    stop_local_agent(state_dir)  # gone, its socket with it
+    dying = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dying.bind(str(state_dir / SOCKET_NAME))
+    dying.listen(1)
+
+    def accept_once_and_go() -> None:  # as a killed agent's socket, still open as the process exits
+        conn, _ = dying.accept()
+        conn.close()
+        dying.close()
+        os.unlink(state_dir / SOCKET_NAME)
+
+    threading.Thread(target=accept_once_and_go, daemon=True).start()
+    try:
+        agents.reattach("local", 1, client)
+        fresh = local_agent_pid(state_dir)
+        assert fresh is not None and fresh != first
+        client.submit([Run("t1", 1, "echo back")])
+        result = _result(agents.inbox if hasattr(agents, "inbox") else client.inbox)
+        assert (result.task, result.stdout_tail) == ("t1", "back\n")
+    finally:
+        agents.stop("local", client)
+
+
+def test_acks_to_a_closed_client_are_noted_not_raised(tmp_path):
+    """A turn acknowledges its results after it commits; a node whose re-attach failed in that
+    turn has a closed client by then, and the ack raised TransportClosed out of the daemon's
+    loop (a run ended with a traceback). The agent replays those results to a new connection."""
+    agents = LocalAgents(Path(tmp_path), queue.Queue())
+    client = agents.attach("local", 1)
+    try:
+        client.close()
+        client.ack([("t1", 1)], hold=True)
+        client.ack([("t2", 1)])
+        assert {("t1", 1), ("t2", 1)} <= client._acked
+    finally:
+        from broker.shells.nodes import agent_dir
+
+        stop_local_agent(agent_dir(Path(tmp_path), "local"))

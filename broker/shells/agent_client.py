@@ -81,7 +81,16 @@ class TaskLost:
 
 
 class HandshakeError(ConnectionError):
-    """No agent Hello: wrong version, not an agent, or silence within the handshake timeout."""
+    """No agent Hello: wrong version, not an agent, or silence within the handshake timeout.
+    ``closed``: the connection ended before the Hello (a dying agent's socket can still
+    accept one), which a new connection may not meet."""
+
+    def __init__(self, message: str, *, closed: bool = False) -> None:
+        super().__init__(message)
+        self.closed = closed
+
+
+_CLOSED_ENDS = ("the connection closed during the handshake", "the agent closed the connection")
 
 
 class _Link:
@@ -232,11 +241,15 @@ class AgentClient:
 
     def ack(self, keys: Iterable[Key], *, hold: bool = False) -> None:
         """Confirm Results recorded by the master; the agent may then forget them. ``hold``:
-        send them with the next write to this agent (the turn's new work, :meth:`flush`)."""
+        send them with the next write to this agent (the turn's new work, :meth:`flush`). On a
+        closed client they are only noted: the next connection's replay is acknowledged then
+        (a turn's acks to a node whose re-attach failed in that turn ended the daemon)."""
         with self._lock:
             acks = [Ack(task, attempt) for task, attempt in keys]
             self._acked.update(key_of(a) for a in acks)
-            if hold and not self._link.stopped:
+            if self._link.stopped:
+                return
+            if hold:
                 self._held += acks
             else:
                 self._send_locked(acks)
@@ -303,7 +316,7 @@ class AgentClient:
             transport.send(link.conn.send(Hello(role="master", node=self.node)))
         except TransportClosed as exc:
             transport.close()
-            raise HandshakeError(f"{self.node}: the transport closed before the handshake: {exc}") from exc
+            raise HandshakeError(f"{self.node}: the transport closed before the handshake: {exc}", closed=True) from exc
         if hub is not None:  # one I/O thread for every agent (agent_hub.py)
             watch = hub.watch(transport, _HubWatcher(self, link), link.next_ping)
             if callable(getattr(transport, "send_nowait", None)):
@@ -315,7 +328,7 @@ class AgentClient:
             raise HandshakeError(f"{self.node}: no Hello from the agent within {self.handshake_timeout_s:g} s")
         if link.error is not None:
             self._retire(link)
-            raise HandshakeError(f"{self.node}: {link.error}")
+            raise HandshakeError(f"{self.node}: {link.error}", closed=link.error in _CLOSED_ENDS)
         assert self.hello is not None
         log.info(
             "agent.attached",
@@ -474,7 +487,7 @@ class AgentClient:
         reading or bookkeeping), its node is reported lost unless the end was expected: a dead
         reader must never leave a node's attempts hanging."""
         if not link.greeted.is_set():
-            link.error = reason or "the connection closed during the handshake"
+            link.error = reason or _CLOSED_ENDS[0]
             link.greeted.set()
         elif reason and not link.stopped and link is self._link:
             log.warning("agent.lost", node=self.node, reason=reason)

@@ -29,7 +29,7 @@ import structlog
 
 from broker.config.aws import AwsSettings
 from broker.core.model import PrivateNode
-from broker.shells.agent_client import AgentClient
+from broker.shells.agent_client import AgentClient, HandshakeError
 from broker.shells.attach_pool import AttachPool
 from broker.shells.local_transport import connect_local_agent, stop_local_agent
 from broker.shells.node_files import fetch_local, fetch_over_ssh
@@ -48,6 +48,9 @@ DEFAULT_LEASE_S = 3600.0
 # into the run at 8 at once (issue 20, ``bench/bench_daemon.py``); all at once, before the load.
 LOCAL_ATTACH_CONCURRENCY = 32
 SPOT_OPTIONS = ("--spot-metadata", "http://169.254.169.254")  # a spot instance's agent: EC2's metadata
+# A local agent's re-attach met a socket that accepted and closed (its agent killed a moment
+# before, still exiting): tries, and the pause between them.
+REATTACH_TRIES, REATTACH_PAUSE_S = 3, 0.1
 
 
 def agent_dir(run_dir: Path, node: str) -> Path:
@@ -91,14 +94,23 @@ class LocalAgents:
 
     def reattach(self, node: str, slots: int, client: AgentClient, spot: bool = False) -> None:
         """A new connection for ``client`` after its agent's link broke; starts the agent
-        again on the same state directory if it is gone (it then reports what it lost)."""
-        transport = connect_local_agent(agent_dir(self.run_dir, node), slots, node=node, grace_s=1.0,
-                                        lease_s=self.lease_s, **self._spot_options(node, spot))
-        try:
-            client.reattach(transport)
-        except Exception:
-            transport.close()
-            raise
+        again on the same state directory if it is gone (it then reports what it lost). An
+        agent killed a moment ago can still accept a connection on its socket and then drop
+        it: such a handshake is tried again, up to :data:`REATTACH_TRIES` times."""
+        for tries_left in range(REATTACH_TRIES - 1, -1, -1):
+            transport = connect_local_agent(agent_dir(self.run_dir, node), slots, node=node, grace_s=1.0,
+                                            lease_s=self.lease_s, **self._spot_options(node, spot))
+            try:
+                client.reattach(transport)
+                return
+            except HandshakeError as exc:
+                transport.close()
+                if not exc.closed or not tries_left:
+                    raise
+                time.sleep(REATTACH_PAUSE_S)
+            except Exception:
+                transport.close()
+                raise
 
     def stop(self, node: str, client: AgentClient | None) -> None:
         if client is None:
