@@ -196,10 +196,14 @@ def test_a_groups_events_go_in_one_statement_in_order_and_a_failed_batch_takes_i
         journal.record_event("plan.solved", {"makespan_s": 5.0})
         assert [f.get("task", "plan") for _, _, f in journal.events()] == [f"t{i}" for i in range(50)] + ["plan"]
         journal.record_event("task.done", '{"task":"t50"}')
+        with pytest.raises(RuntimeError):  # what was held before a batch outlives the batch's failure
+            with journal.batch():
+                journal.events()  # (a read inside it inserts what is held)
+                raise RuntimeError("daemon bug after a read")
         assert reader.events() == []
     names = [f.get("task", "plan") for _, _, f in reader.events()]
     assert names == [f"t{i}" for i in range(50)] + ["plan", "t50"]
-    assert counting.inserts == 2  # the 51 before the read, then the one after it
+    assert counting.inserts == 3  # the 50 before the batch, the one before the read, the one before the last batch
     with pytest.raises(RuntimeError):
         with journal.group():
             journal.record_event("task.done", '{"task":"never"}')

@@ -161,6 +161,8 @@ class JournalBase:
                 if self._in_batch
                 else ("BEGIN IMMEDIATE", "COMMIT", "ROLLBACK")
             )
+            if self._in_batch:  # what the transaction held before this call is not undone with it
+                self._flush_events()
             mark = len(self._events)
             try:
                 self._db.execute(begin)
@@ -313,6 +315,7 @@ class JournalBase:
 
     @contextmanager
     def _savepoint(self, name: str) -> Iterator[None]:
+        self._flush_events()  # held before the savepoint: inserted outside it, kept if it rolls back
         self._db.execute(f"SAVEPOINT {name}")
         mark = len(self._events)
         try:
