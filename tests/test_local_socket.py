@@ -155,3 +155,21 @@ def test_acks_to_a_closed_client_are_noted_not_raised(tmp_path):
         from broker.shells.nodes import agent_dir
 
         stop_local_agent(agent_dir(Path(tmp_path), "local"))
+
+
+def test_stopping_a_node_whose_client_is_closed_stops_its_agent_without_raising(tmp_path):
+    """A re-attach that fails closes its client; releasing that node (an instance) or winding
+    the run down (a private node) then stopped it with nodes.stop, whose Shutdown raised
+    TransportClosed out of the daemon and left the agent running."""
+    from broker.shells.nodes import agent_dir
+
+    agents = LocalAgents(Path(tmp_path), queue.Queue())
+    client = agents.attach("local", 1)
+    state_dir = agent_dir(Path(tmp_path), "local")
+    try:
+        assert local_agent_pid(state_dir) is not None
+        client.close()
+        agents.stop("local", client)
+        assert local_agent_pid(state_dir) is None
+    finally:
+        stop_local_agent(state_dir)

@@ -34,6 +34,7 @@ from broker.shells.attach_pool import AttachPool
 from broker.shells.local_transport import connect_local_agent, stop_local_agent
 from broker.shells.node_files import fetch_local, fetch_over_ssh
 from broker.shells.private_files import private_dir
+from broker.shells.transport import TransportClosed
 from broker.shells.ssh_errors import is_transient, raise_with
 
 log = structlog.get_logger()
@@ -567,5 +568,7 @@ def _close_client(client: AgentClient | None, wait_s: float) -> None:
     try:
         client.shutdown(drain=False)
         client.wait_closed(wait_s)
+    except TransportClosed:
+        pass  # closed already (a re-attach that failed retires its link): nothing to ask it
     finally:
         client.close()
