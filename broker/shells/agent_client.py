@@ -479,7 +479,7 @@ class AgentClient:
             if event is NEED_DATA:
                 return None
             if isinstance(event, ConnectionClosed):
-                return "" if link.stopped or link.shutting_down else "the agent closed the connection"
+                return "" if link.stopped or link.shutting_down else _CLOSED_ENDS[1]
             self._on_message(link, event)
 
     def _on_end(self, link: _Link, reason: str) -> None:

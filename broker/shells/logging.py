@@ -38,6 +38,7 @@ from broker.shells.diskfull import DiskFull, is_disk_full
 # and how short a value is too short to mask (it would mask ordinary words and numbers).
 from workers.protocol import MASK, looks_secret  # noqa: F401 - looks_secret is this module's API too
 from workers.protocol import MIN_SECRET_LEN as _MIN_SECRET_LEN
+from workers.protocol import one_shot_encoder
 
 _secret_values: set[str] = set()
 _longest_first: tuple[str, ...] = ()  # _secret_values, longest first (a secret inside another)
@@ -266,12 +267,7 @@ class _Route:
 
 
 _route: _Route | None = None
-_strict = json_module.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str, allow_nan=False).encode
-# _strict's C encoder made once, not on every call as JSONEncoder.encode does (a third of an
-# event's encoding); no circular-reference check (event fields are never circular: a
-# RecursionError falls back to _strict, which names it).
-_strict_c = (None if json_module.encoder.c_make_encoder is None else json_module.encoder.c_make_encoder(
-    None, str, json_module.encoder.encode_basestring_ascii, None, ":", ",", True, False, False))
+_strict = one_shot_encoder(json_module.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str, allow_nan=False))
 _RESERVED = frozenset(("event", "level", "timestamp"))
 _loose = json_module.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str).encode  # the journal's
 
@@ -296,9 +292,7 @@ def write_event(name: str, fields: dict[str, Any], *, level: str = "info",
     """
     masked = _mask_flat(fields)
     try:
-        encoded = _strict(masked) if _strict_c is None else "".join(_strict_c(masked, 0))
-    except RecursionError:
-        encoded = _strict(masked)  # raises what the encoder says of a circular value
+        encoded = _strict(masked)
     except ValueError:  # a non-finite number: null in the log (strict JSON), as is in the journal
         encoded = None
     route = _route
