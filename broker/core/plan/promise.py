@@ -349,8 +349,11 @@ def _slot_table(machines: Sequence[Machine]) -> dict[str, np.ndarray]:
             ready.append(mc.ready_at_s)
             release.append(mc.release_at_s)
             machine.append(i)
+    # a machine's slots are adjacent: machine i's are the columns first[i]:first[i + 1]
+    first = np.concatenate(([0], np.cumsum([mc.slots for mc in machines], dtype=int)))
     return {"speed": np.asarray(speed, dtype=float), "ready": np.asarray(ready, dtype=float),
-            "release": np.asarray(release, dtype=float), "machine": np.asarray(machine, dtype=int)}
+            "release": np.asarray(release, dtype=float), "machine": np.asarray(machine, dtype=int),
+            "first": first}
 
 
 def _running_ends(machines, laws: _Replicas, ratio, speed, now_s: float, rng):
@@ -565,13 +568,14 @@ def _charges(machines, slots, ends: np.ndarray, makespan: np.ndarray, rel: np.nd
     R = ends.shape[0]
     total = np.zeros(R)
     finite_ends = np.where(np.isfinite(ends), ends, -np.inf)
+    first = slots["first"].tolist()
     for i, mc in enumerate(machines):
         if mc.is_private:
             total += mc.price_per_hour * (makespan - started_at_s) / 3600.0
             continue
-        mine = slots["machine"] == i
-        last = finite_ends[:, mine].max(axis=1)
-        release = rel[:, np.argmax(mine)]
+        lo, hi = first[i], first[i + 1]
+        last = finite_ends[:, lo:hi].max(axis=1)
+        release = rel[:, lo]
         # a machine whose slots all worked to their stop (no finite end) is kept to its release
         idle_until = np.where(np.isfinite(last), last + idle_release_s, np.inf)
         until = np.maximum(last, np.minimum(np.minimum(release, makespan), idle_until))

@@ -27,6 +27,7 @@ def shed(machines, slots, rel, busy, start, speed, need, horizon_at_s: float, no
     surplus = cap.sum(axis=1) - need
     order = sorted((i for i, mc in enumerate(machines) if not mc.is_private and math.isfinite(mc.release_at_s)),
                    key=lambda i: (machines[i].release_at_s, i))
+    first = slots["first"].tolist()  # machine i's slots: columns first[i]:first[i + 1]
     for i in order:
         mc = machines[i]
         # whole billing units (a 300 s grid under per-second billing, as the planner's);
@@ -36,17 +37,10 @@ def shed(machines, slots, rel, busy, start, speed, need, horizon_at_s: float, no
         units = min(int((mc.release_at_s - paid) / unit + 0.1), 48)
         if units <= 0:
             continue
-        cols = slots["machine"] == i
-        b, sp, st = busy[:, cols], speed[:, cols], start[:, cols]
+        cols = slice(first[i], first[i + 1])
+        sp, st = speed[:, cols], start[:, cols]
         full = cap[:, cols].sum(axis=1)
-        k = np.zeros(rel.shape[0], dtype=int)
-        for step in range(1, units + 1):
-            at = mc.release_at_s - step * unit
-            lost = full - (sp * np.clip(np.minimum(horizon_at_s, at) - st, 0.0, None)).sum(axis=1)
-            ok = (lost <= surplus) & (b.max(axis=1) <= at)
-            if not ok.any():
-                break
-            k = np.where(ok, step, k)
+        k = _units_shed(mc.release_at_s, unit, units, full, sp, st, busy[:, cols].max(axis=1), surplus, horizon_at_s)
         at = mc.release_at_s - k * unit
         lost = full - (sp * np.clip(np.minimum(horizon_at_s, at)[:, None] - st, 0.0, None)).sum(axis=1)
         surplus = surplus - lost
@@ -81,6 +75,28 @@ def shed(machines, slots, rel, busy, start, speed, need, horizon_at_s: float, no
 # to the scheduled end, the promise said 3.1 h (90%: 3.0-3.2 h), the run ended at 3.4 h).
 
 
+def _units_shed(release_at_s: float, unit: float, units: int, full, sp, st, busy_max, surplus,
+                horizon_at_s: float) -> np.ndarray:
+    """(R,) the billing units one machine gives up in each replicate: the most steps back
+    from its release (up to ``units``) whose capacity lost stays within the surplus and
+    that no running task outlasts. Every step at once (an (R, units, slots) array), with the
+    same float operations per step as a step-by-step loop: a step counts up to the first
+    that no replicate can take (the capacity lost only grows with the step, and the release
+    only moves earlier, so a replicate's steps that can be taken are the first ones)."""
+    steps = np.arange(1, units + 1)
+    at = release_at_s - steps * unit  # (units,)
+    lost = full[:, None] - (sp[:, None, :] * np.clip(np.minimum(horizon_at_s, at)[None, :, None] - st[:, None, :],
+                                                    0.0, None)).sum(axis=2)
+    ok = (lost <= surplus[:, None]) & (busy_max[:, None] <= at[None, :])
+    taken = ok.any(axis=0)
+    upto = units if taken.all() else int(np.argmin(taken))  # the first step no replicate takes
+    if upto == 0:
+        return np.zeros(ok.shape[0], dtype=int)
+    ok = ok[:, :upto]
+    last = upto - np.argmax(ok[:, ::-1], axis=1)  # each replicate's last step it takes
+    return np.where(ok.any(axis=1), last, 0)
+
+
 def _lengthen(machines, slots, rel, busy, speed, surplus, horizon_at_s: float) -> np.ndarray:
     """The other way: a replicate whose work needs more than the fleet offers by ``H``
     keeps its instances on, unit by unit up to ``H`` (a re-plan extends them), the one due
@@ -90,11 +106,12 @@ def _lengthen(machines, slots, rel, busy, speed, surplus, horizon_at_s: float) -
         return rel
     order = sorted((i for i, mc in enumerate(machines) if not mc.is_private and math.isfinite(mc.release_at_s)),
                    key=lambda i: (machines[i].release_at_s, i))
+    first = slots["first"].tolist()
     for i in order:
         mc = machines[i]
         unit = mc.billing.unit_s if mc.billing.unit_s >= 600 else 300.0
-        cols = slots["machine"] == i
-        at = rel[:, np.argmax(cols)]
+        cols = slice(first[i], first[i + 1])
+        at = rel[:, first[i]]
         steps = np.floor(np.maximum(horizon_at_s - at, 0.0) / unit)
         per_unit = float(speed[0, cols].sum()) * unit
         want = np.where(surplus < 0, np.ceil(-surplus / max(per_unit, 1e-9)), 0.0)
