@@ -304,7 +304,8 @@ class SpotSlots:
             t = None if n.type_name is None else types.get(n.type_name)
             return t is not None and t.is_spot
 
-        self.spot = {n.id for n in ready if is_spot(n)}
+        spot_types = [name for name, t in types.items() if t.is_spot]
+        self.spot = {n.id for n in ready if n.type_name in spot_types} if spot_types else set()
         # (an on-demand launch of this decision counts: ``spotfallback.py`` launches for them)
         fallback = bool(self.spot) and (any(not n.lost and not is_spot(n) for n in snap.nodes) or any(
             isinstance(a, Launch) and not getattr(types.get(a.type_name), "is_spot", True) for a in actions))

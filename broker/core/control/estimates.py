@@ -96,7 +96,7 @@ def censored_moments(snap: Snapshot) -> tuple[float, float] | None:
     n = obs.count + len(ages)
     mu, sd = obs.sum_ref_s / obs.count, obs.sd_ref_s
     for _ in range(3):
-        totals = [a + _residual_mean(mu, sd, a) for a in ages.values()]
+        totals = [a + r for a, r in zip(ages.values(), _residual_means(mu, sd, ages.values()))]
         mu = (obs.sum_ref_s + sum(totals)) / n
         second = (obs.sumsq_ref_s + sum(t * t for t in totals)) / n
         sd = math.sqrt(max(second - mu * mu, 0.0) * n / max(n - 1, 1))
@@ -125,13 +125,13 @@ def remaining_work(snap: Snapshot, z: float = 1.645) -> RemainingWork | None:
         ratio = max(ratio, 1.0)  # one-sided: see the module docstring
     pool = snap.pending
     pending_work = pool.unknown_count * mu + pool.known_total_ref_s * ratio
+    running = [(r.estimate_ref_s, 0.0 if r.queued else max(0.0, snap.now_s - r.started_at_s) * node.speed)
+               for node in snap.nodes for r in node.running]
+    unknown = iter(_residual_means(mu, sd, [elapsed for est, elapsed in running if est is None]))
     running_work = 0.0
-    n_running = 0
-    for node in snap.nodes:
-        for r in node.running:
-            n_running += 1
-            elapsed_ref = 0.0 if r.queued else max(0.0, snap.now_s - r.started_at_s) * node.speed
-            running_work += residual_ref_s(r.estimate_ref_s, elapsed_ref, mu, sd, ratio)
+    for est, elapsed in running:  # summed in the fleet's order
+        running_work += next(unknown) if est is None else residual_ref_s(est, elapsed, mu, sd, ratio)
+    n_running = len(running)
     point = pending_work + running_work
     # Tasks without estimates: mean-sized, so the error of the mean is shared by all of them.
     n_u = pool.unknown_count
@@ -161,14 +161,27 @@ def residual_ref_s(estimate_ref_s: float | None, elapsed_ref_s: float, mu: float
     return _residual_mean(mu, sd, elapsed_ref_s)
 
 
+_SQRT2, _SQRT_2PI = math.sqrt(2), math.sqrt(2 * math.pi)
+
+
 def _residual_mean(mu: float, sd: float, elapsed: float) -> float:
     """E[X - a | X > a] for X ~ Normal(mu, sd) truncated at 0, floored at 5% of mu."""
+    return _residual_means(mu, sd, (elapsed,))[0]
+
+
+def _residual_means(mu: float, sd: float, ages) -> list[float]:
+    """:func:`_residual_mean` of each age (one call for the running tasks of a fleet, which
+    ``remaining_work`` and ``censored_moments`` evaluate at every monitoring tick)."""
     floor = 0.05 * mu
     if sd <= 0:
-        return max(mu - elapsed, floor)
-    alpha = (elapsed - mu) / sd
-    tail = 0.5 * math.erfc(alpha / math.sqrt(2))
-    if tail < 1e-12:
-        return max(floor, sd / max(alpha, 1.0))
-    pdf = math.exp(-0.5 * alpha * alpha) / math.sqrt(2 * math.pi)
-    return max(mu + sd * pdf / tail - elapsed, floor)
+        return [max(mu - a, floor) for a in ages]
+    erfc, exp = math.erfc, math.exp
+    out = []
+    for a in ages:
+        alpha = (a - mu) / sd
+        tail = 0.5 * erfc(alpha / _SQRT2)
+        if tail < 1e-12:
+            out.append(max(floor, sd / max(alpha, 1.0)))
+        else:
+            out.append(max(mu + sd * (exp(-0.5 * alpha * alpha) / _SQRT_2PI) / tail - a, floor))
+    return out

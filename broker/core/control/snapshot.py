@@ -75,15 +75,15 @@ class Observations:
 
     def add(self, runtime_ref_s: float, estimate_ref_s: float | None) -> "Observations":
         ratio = runtime_ref_s / estimate_ref_s if estimate_ref_s else None
-        return Observations(
-            count=self.count + 1,
-            sum_ref_s=self.sum_ref_s + runtime_ref_s,
-            sumsq_ref_s=self.sumsq_ref_s + runtime_ref_s * runtime_ref_s,
-            sum_estimate_ref_s=self.sum_estimate_ref_s + (estimate_ref_s or 0.0),
-            count_with_estimate=self.count_with_estimate + (ratio is not None),
-            max_ref_s=max(self.max_ref_s, runtime_ref_s),
-            sum_ratio=self.sum_ratio + (ratio or 0.0),
-            sumsq_ratio=self.sumsq_ratio + (ratio * ratio if ratio is not None else 0.0),
+        return Observations(  # positional, in field order (made at every result)
+            self.count + 1,
+            self.sum_ref_s + runtime_ref_s,
+            self.sumsq_ref_s + runtime_ref_s * runtime_ref_s,
+            self.sum_estimate_ref_s + (estimate_ref_s or 0.0),
+            self.count_with_estimate + (ratio is not None),
+            max(self.max_ref_s, runtime_ref_s),
+            self.sum_ratio + (ratio or 0.0),
+            self.sumsq_ratio + (ratio * ratio if ratio is not None else 0.0),
         )
 
     def ratio_sd(self, prior: float = 0.15) -> float:

@@ -49,7 +49,7 @@ class SnapshotMixin:
         # hashing (a replay in another process must see the same order).
         self._late: dict[str, None] = {}  # not ready past their boot delay (view depends on now)
         self._dirty: dict[str, None] = {}
-        self._views: dict[str, NodeView] = {}
+        self._views = _Views()  # every live node's view, in the order nodes first appeared
         self._free: dict[str, NodeView] = {}
         self._free_index = FreeIndex()  # the same free views, by speed and release (free_index.py)
         self.free_index_on = True  # False: the snapshot carries no index, dispatch scans every free node
@@ -130,7 +130,7 @@ class SnapshotMixin:
         if self.cooldown.until_s:
             types = self.cooldown.restrict(self.types, self._live_by_type, now)
         return Snapshot(
-            now_s=now, types=types, nodes=tuple(self._views.values()), pending=self.pool,
+            now_s=now, types=types, nodes=self._views.as_tuple(), pending=self.pool,
             free_nodes=tuple(self._free.values()), running_count=self._running,
             slowest_running_speed=min(self._running_speeds, default=math.inf), latest_start_s=self.latest_start_s,
             tasks_total=self.tasks_total, tasks_done=len(self.done), observations=self.obs,
@@ -141,3 +141,39 @@ class SnapshotMixin:
             free_index=self._free_index if self.free_index_on else None, free_index_version=self._free_index.version,
             spot_seen=self.spot_seen,
         )
+
+
+class _Views:
+    """Node views keyed by node id, in the order their nodes first appeared (a dict's
+    order), held in a list: the snapshot's ``nodes`` tuple, made at every event, is then a
+    copy of a list (about 1 us at 1,000 nodes) rather than a walk of a dict's values (about
+    4 us). A node removed (released, voided) shifts the positions after it: rare."""
+
+    __slots__ = ("_pos", "_list")
+
+    def __init__(self) -> None:
+        self._pos: dict[str, int] = {}
+        self._list: list[NodeView] = []
+
+    def __setitem__(self, node_id: str, view: NodeView) -> None:
+        i = self._pos.get(node_id)
+        if i is None:
+            self._pos[node_id] = len(self._list)
+            self._list.append(view)
+        else:
+            self._list[i] = view
+
+    def pop(self, node_id: str, default=None):
+        i = self._pos.pop(node_id, None)
+        if i is None:
+            return default
+        view = self._list.pop(i)
+        for later in self._list[i:]:
+            self._pos[later.id] -= 1
+        return view
+
+    def __len__(self) -> int:
+        return len(self._list)
+
+    def as_tuple(self) -> tuple[NodeView, ...]:
+        return tuple(self._list)
