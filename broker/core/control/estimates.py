@@ -166,22 +166,17 @@ _SQRT2, _SQRT_2PI = math.sqrt(2), math.sqrt(2 * math.pi)
 
 def _residual_mean(mu: float, sd: float, elapsed: float) -> float:
     """E[X - a | X > a] for X ~ Normal(mu, sd) truncated at 0, floored at 5% of mu."""
-    return _residual_means(mu, sd, (elapsed,))[0]
+    floor = 0.05 * mu
+    if sd <= 0:
+        return max(mu - elapsed, floor)
+    alpha = (elapsed - mu) / sd
+    tail = 0.5 * math.erfc(alpha / _SQRT2)
+    if tail < 1e-12:
+        return max(floor, sd / max(alpha, 1.0))
+    pdf = math.exp(-0.5 * alpha * alpha) / _SQRT_2PI
+    return max(mu + sd * pdf / tail - elapsed, floor)
 
 
 def _residual_means(mu: float, sd: float, ages) -> list[float]:
-    """:func:`_residual_mean` of each age (one call for the running tasks of a fleet, which
-    ``remaining_work`` and ``censored_moments`` evaluate at every monitoring tick)."""
-    floor = 0.05 * mu
-    if sd <= 0:
-        return [max(mu - a, floor) for a in ages]
-    erfc, exp = math.erfc, math.exp
-    out = []
-    for a in ages:
-        alpha = (a - mu) / sd
-        tail = 0.5 * erfc(alpha / _SQRT2)
-        if tail < 1e-12:
-            out.append(max(floor, sd / max(alpha, 1.0)))
-        else:
-            out.append(max(mu + sd * (exp(-0.5 * alpha * alpha) / _SQRT_2PI) / tail - a, floor))
-    return out
+    """:func:`_residual_mean` of each age."""
+    return [_residual_mean(mu, sd, a) for a in ages]
