@@ -11,6 +11,9 @@
   function; the same atoms on generated laws (the two sum in different orders, so a draw
   within a rounding error of an atom's boundary could differ: never seen in 750,000 draws
   on laws of up to 300,000 atoms), the same generator state after.
+- ``reference_units_shed`` is the step loop of main's ``broker.core.plan.shed.shed`` before
+  the change (commit 90b1e78), verbatim: one machine's billing units tried one step at a
+  time. ``_units_shed`` tries them all at once; the same steps, bit for bit.
 - Whole simulations with both references patched in: every start, the makespan, cost and
   every promise the same.
 """
@@ -23,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import broker.core.plan.promise as promise_mod
+from broker.core.plan.shed import _units_shed
 from broker.core.plan.law import RuntimeLaw
 from broker.core.billing import Billing
 from broker.core.control.controller import ControllerConfig
@@ -171,3 +175,33 @@ def test_simulations_decide_and_promise_as_with_the_references(goal, billing, se
     assert got[3] == want[3]
     assert got[:3] == want[:3]
     assert got[4] == want[4] and len(got[4]) > 0
+
+
+def reference_units_shed(release_at_s, unit, units, full, sp, st, busy_max, surplus, horizon_at_s):
+    """main's step loop in shed() (commit 90b1e78), verbatim but for its inputs' names."""
+    k = np.zeros(full.shape[0], dtype=int)
+    for step in range(1, units + 1):
+        at = release_at_s - step * unit
+        lost = full - (sp * np.clip(np.minimum(horizon_at_s, at) - st, 0.0, None)).sum(axis=1)
+        ok = (lost <= surplus) & (busy_max <= at)
+        if not ok.any():
+            break
+        k = np.where(ok, step, k)
+    return k
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 8), st.integers(1, 4), st.integers(1, 48), st.booleans())
+def test_units_shed_takes_the_steps_the_loop_takes(seed, R, slots, units, tight):
+    rng = np.random.default_rng(seed)
+    unit = float(rng.choice([300.0, 3600.0]))
+    release = 20 * 3600.0 + float(rng.integers(0, 3600))
+    horizon = float(rng.uniform(release - units * unit, release + 3600.0))
+    sp = np.broadcast_to(rng.choice([1.0, 2.5, 20.0], size=slots), (R, slots)).copy()
+    st_ = rng.uniform(0.0, release, (R, slots))
+    full = (sp * np.clip(np.minimum(horizon, release) - st_, 0.0, None)).sum(axis=1)
+    busy_max = rng.uniform(0.0, release, R) if tight else np.full(R, -np.inf)
+    surplus = full * rng.uniform(-0.2, 1.2, R)
+    got = _units_shed(release, unit, units, full, sp, st_, busy_max, surplus, horizon)
+    want = reference_units_shed(release, unit, units, full, sp, st_, busy_max, surplus, horizon)
+    assert np.array_equal(got, want), (got, want)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..frozen import fast_init
 from .causes import LaunchCause, ReleaseCause, WorkCause
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SlotRef:
     """One task slot: ``node`` is an instance id or a private node's name."""
@@ -35,6 +37,7 @@ class ScheduleRelease:
     cause: ReleaseCause
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Assign:
     task_id: str

@@ -10,11 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import AbstractSet, Mapping, Sequence
 
+from ..frozen import fast_init
 from ..goal import Goal  # noqa: F401 - the one goal class (broker.core.goal); re-exported
 from ..model import MachineType
 from .pool import TaskPool
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RunningTask:
     task_id: str
@@ -25,6 +27,7 @@ class RunningTask:
     queued: bool = False  # held at its node's agent behind the running tasks (queue_ahead.py): not started
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NodeView:
     """A private node or an EC2 instance as the controller sees it.
@@ -58,6 +61,7 @@ class NodeView:
         return [i for i in range(self.slots) if i not in busy]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Observations:
     """Runtimes learned so far, normalized to reference seconds (runtime x slot speed)."""
@@ -106,6 +110,7 @@ class Observations:
         return max(var, 0.0) ** 0.5
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     now_s: float

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ...frozen import fast_init
 from ...model import MachineType
 from ..actions import Cancel, ScheduleRelease
 from ..causes import Ending
@@ -22,6 +23,7 @@ from ..snapshot import NodeView, RunningTask
 LATE_READY_S = 1.0
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Attempt:
     """One attempt of a task, running in one slot of one node (run seconds)."""
@@ -116,6 +118,7 @@ class NodeQuarantined:
 Followup = Cancel | ScheduleRelease | Requeue | Quarantine | NodeQuarantined
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Ended:
     """What the end of an attempt meant.
