@@ -28,8 +28,10 @@ private-only inventory of that many nodes of 4 slots, and prints:
 
 Then the journal's commits per second (one batch per commit: a start, a result and an
 event), and the full daemon against the bare agent path with 16 real local agents
-(``bench/bench_dispatch.py``'s ``run_dispatch`` and its spawn-only floor). The issue's
-goals are printed next to the figures (PASS/MISS); a MISS exits 1.
+(``bench/bench_dispatch.py``'s ``run_dispatch`` and its spawn-only floor), and last the
+simulator's cases (``bench/bench_sim.py --scale``: 100,000 and 1,000,000 tasks on 1,000
+machines, each in a process of its own; ``--no-sim`` skips them). The issue's goals are
+printed next to the figures (PASS/MISS); a MISS exits 1.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import os
 import platform
 import queue
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -313,6 +316,8 @@ def main() -> int:
     parser.add_argument("--local-agents", type=int, default=16)
     parser.add_argument("--local-tasks", type=int, default=5000)
     parser.add_argument("--no-local", action="store_true", help="skip the 16 local agents' comparison")
+    parser.add_argument("--no-sim", action="store_true",
+                        help="skip the simulator's cases (bench_sim.py --scale: 100,000 and 1,000,000 tasks, ~2 min)")
     parser.add_argument("--compare-threads", action="store_true",
                         help="also run each row with a reader thread per agent (the design before the hub)")
     args = parser.parse_args()
@@ -373,6 +378,10 @@ def main() -> int:
     for text, ok, figure in goals:
         misses += not ok
         print(f"{_verdict(ok)}  {text}: {figure}")
+    if not args.no_sim:  # its own PASS/MISS lines; its exit status counts as a miss
+        print(flush=True)
+        sim = subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "bench_sim.py"), "--scale"])
+        misses += sim.returncode != 0
     return 1 if misses else 0
 
 

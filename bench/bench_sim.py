@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--no-header", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.scale:
-        return scale(args.seed)
+        sys.exit(1 if scale(args.seed) else 0)
     if not args.no_header:
         print(f"$ python3 bench/bench_sim.py --tasks {args.tasks} --per-type {args.per_type} --policies {args.policies}")
         header()
@@ -78,16 +78,38 @@ def header() -> None:
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
-def scale(seed: int) -> None:
-    """Issue 20's simulator cases, each in a process of its own (peak RSS per case)."""
+SCALE_GOALS = ((100_000, 10.0, None), (1_000_000, 120.0, 1024.0))  # tasks, wall s, peak RSS MB (issue 20)
+
+
+def scale(seed: int) -> int:
+    """Issue 20's simulator cases, each in a process of its own (peak RSS per case); prints a
+    PASS/MISS line per goal and returns the number of misses (the exit status: 1 if any)."""
     print("$ python3 bench/bench_sim.py --scale")
     header()
     print("goals: 100,000 tasks on 1,000 machines <= 10 s; 1,000,000 tasks on 1,000 machines <= 120 s, <= 1,024 MB")
     print(COLUMNS, flush=True)
-    for tasks in (100_000, 1_000_000):
-        subprocess.run([sys.executable, __file__, "--tasks", str(tasks), "--per-type", "250", "--policies", "broker",
-                        "--seed", str(seed), "--no-header"], check=True)
+    verdicts = []
+    for tasks, wall_goal, rss_goal in SCALE_GOALS:
+        out = subprocess.run([sys.executable, __file__, "--tasks", str(tasks), "--per-type", "250", "--policies",
+                              "broker", "--seed", str(seed), "--no-header"], check=True, capture_output=True, text=True)
+        print(out.stdout, end="", flush=True)
+        wall, rss, done = _scale_figures(out.stdout)
+        verdicts.append((f"{tasks:,} tasks on 1,000 machines in {wall_goal:.0f} s or less", done and wall <= wall_goal,
+                         f"{wall:.2f} s wall" + ("" if done else ", not every task done")))
+        if rss_goal is not None:
+            verdicts.append((f"{tasks:,} tasks in {rss_goal:,.0f} MB or less", rss <= rss_goal, f"{rss:.0f} MB peak RSS"))
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for text, ok, figure in verdicts:
+        print(f"{'PASS' if ok else 'MISS'}  simulator: {text}: {figure}")
+    return sum(not ok for _, ok, _ in verdicts)
+
+
+def _scale_figures(row: str) -> tuple[float, float, bool]:
+    """(wall s, peak RSS MB, every task done) from a row that ``main`` printed."""
+    head, _, tail = row.strip().rpartition("(")
+    cols = head.split()
+    done, total = tail.rstrip(" done)").split("/")
+    return float(cols[-4]), float(cols[-1]), done == total
 
 
 if __name__ == "__main__":
