@@ -10,6 +10,8 @@ Each row runs the full daemon (:class:`broker.shells.run.Daemon`: ledger, contro
 journal in SQLite, events.jsonl and structlog as ``broker run`` configures them) on a
 private-only inventory of that many nodes of 4 slots, and prints:
 
+- timed              the tasks done in the timed span below (the row's bag is ``--tasks``, all done:
+                     checked; those done while the last agents were still attaching are not timed);
 - attach s           from the first attach to the last agent's handshake (bounded concurrency, 8);
 - tasks/s            tasks done per second of wall time, from the moment every agent is attached
                      (the nodes attach in the background) to the last result;
@@ -325,7 +327,7 @@ def main() -> int:
     print(f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     misses = 0
-    print(f"{'agents':>6} {'tasks':>6} {'attach s':>8} {'tasks/s':>8} {'master CPU ms/task':>18} "
+    print(f"{'agents':>6} {'timed':>6} {'attach s':>8} {'tasks/s':>8} {'master CPU ms/task':>18} "
           f"{'decide CPU ms p50/p95':>21} {'starts/turn':>11} {'turn CPU ms p50 (msgs)':>22} {'threads':>7}")
     rows = []
     for agents in (int(a) for a in args.agents.split(",")):
