@@ -349,11 +349,9 @@ def _slot_table(machines: Sequence[Machine]) -> dict[str, np.ndarray]:
             ready.append(mc.ready_at_s)
             release.append(mc.release_at_s)
             machine.append(i)
-    # a machine's slots are adjacent: machine i's are the columns first[i]:first[i + 1]
-    first = np.concatenate(([0], np.cumsum([mc.slots for mc in machines], dtype=int)))
-    return {"speed": np.asarray(speed, dtype=float), "ready": np.asarray(ready, dtype=float),
-            "release": np.asarray(release, dtype=float), "machine": np.asarray(machine, dtype=int),
-            "first": first}
+    first = np.concatenate(([0], np.cumsum([mc.slots for mc in machines], dtype=int)))  # i's: first[i]:first[i+1]
+    return {"speed": np.asarray(speed, dtype=float), "ready": np.asarray(ready, dtype=float), "first": first,
+            "release": np.asarray(release, dtype=float), "machine": np.asarray(machine, dtype=int)}
 
 
 def _running_ends(machines, laws: _Replicas, ratio, speed, now_s: float, rng):
