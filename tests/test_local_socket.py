@@ -134,7 +134,7 @@ def test_a_reattach_that_meets_a_dying_agents_socket_tries_again_and_reaches_a_f
         fresh = local_agent_pid(state_dir)
         assert fresh is not None and fresh != first
         client.submit([Run("t1", 1, "echo back")])
-        result = _result(agents.inbox if hasattr(agents, "inbox") else client.inbox)
+        result = _result(agents.inbox)
         assert (result.task, result.stdout_tail) == ("t1", "back\n")
     finally:
         agents.stop("local", client)

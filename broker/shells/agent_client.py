@@ -90,7 +90,8 @@ class HandshakeError(ConnectionError):
         self.closed = closed
 
 
-_CLOSED_ENDS = ("the connection closed during the handshake", "the agent closed the connection")
+_CLOSED_IN_HANDSHAKE = "the connection closed during the handshake"
+_CLOSED_BY_AGENT = "the agent closed the connection"
 
 
 class _Link:
@@ -328,7 +329,7 @@ class AgentClient:
             raise HandshakeError(f"{self.node}: no Hello from the agent within {self.handshake_timeout_s:g} s")
         if link.error is not None:
             self._retire(link)
-            raise HandshakeError(f"{self.node}: {link.error}", closed=link.error in _CLOSED_ENDS)
+            raise HandshakeError(f"{self.node}: {link.error}", closed=link.error in (_CLOSED_IN_HANDSHAKE, _CLOSED_BY_AGENT))
         assert self.hello is not None
         log.info(
             "agent.attached",
@@ -479,7 +480,7 @@ class AgentClient:
             if event is NEED_DATA:
                 return None
             if isinstance(event, ConnectionClosed):
-                return "" if link.stopped or link.shutting_down else _CLOSED_ENDS[1]
+                return "" if link.stopped or link.shutting_down else _CLOSED_BY_AGENT
             self._on_message(link, event)
 
     def _on_end(self, link: _Link, reason: str) -> None:
@@ -487,7 +488,7 @@ class AgentClient:
         reading or bookkeeping), its node is reported lost unless the end was expected: a dead
         reader must never leave a node's attempts hanging."""
         if not link.greeted.is_set():
-            link.error = reason or _CLOSED_ENDS[0]
+            link.error = reason or _CLOSED_IN_HANDSHAKE
             link.greeted.set()
         elif reason and not link.stopped and link is self._link:
             log.warning("agent.lost", node=self.node, reason=reason)

@@ -96,7 +96,7 @@ def censored_moments(snap: Snapshot) -> tuple[float, float] | None:
     n = obs.count + len(ages)
     mu, sd = obs.sum_ref_s / obs.count, obs.sd_ref_s
     for _ in range(3):
-        totals = [a + r for a, r in zip(ages.values(), _residual_means(mu, sd, ages.values()))]
+        totals = [a + _residual_mean(mu, sd, a) for a in ages.values()]
         mu = (obs.sum_ref_s + sum(totals)) / n
         second = (obs.sumsq_ref_s + sum(t * t for t in totals)) / n
         sd = math.sqrt(max(second - mu * mu, 0.0) * n / max(n - 1, 1))
@@ -125,13 +125,13 @@ def remaining_work(snap: Snapshot, z: float = 1.645) -> RemainingWork | None:
         ratio = max(ratio, 1.0)  # one-sided: see the module docstring
     pool = snap.pending
     pending_work = pool.unknown_count * mu + pool.known_total_ref_s * ratio
-    running = [(r.estimate_ref_s, 0.0 if r.queued else max(0.0, snap.now_s - r.started_at_s) * node.speed)
-               for node in snap.nodes for r in node.running]
-    unknown = iter(_residual_means(mu, sd, [elapsed for est, elapsed in running if est is None]))
     running_work = 0.0
-    for est, elapsed in running:  # summed in the fleet's order
-        running_work += next(unknown) if est is None else residual_ref_s(est, elapsed, mu, sd, ratio)
-    n_running = len(running)
+    n_running = 0
+    for node in snap.nodes:
+        for r in node.running:
+            n_running += 1
+            elapsed_ref = 0.0 if r.queued else max(0.0, snap.now_s - r.started_at_s) * node.speed
+            running_work += residual_ref_s(r.estimate_ref_s, elapsed_ref, mu, sd, ratio)
     point = pending_work + running_work
     # Tasks without estimates: mean-sized, so the error of the mean is shared by all of them.
     n_u = pool.unknown_count
@@ -175,8 +175,3 @@ def _residual_mean(mu: float, sd: float, elapsed: float) -> float:
         return max(floor, sd / max(alpha, 1.0))
     pdf = math.exp(-0.5 * alpha * alpha) / _SQRT_2PI
     return max(mu + sd * pdf / tail - elapsed, floor)
-
-
-def _residual_means(mu: float, sd: float, ages) -> list[float]:
-    """:func:`_residual_mean` of each age."""
-    return [_residual_mean(mu, sd, a) for a in ages]

@@ -172,8 +172,5 @@ class _Views:
             self._pos[later.id] -= 1
         return view
 
-    def __len__(self) -> int:
-        return len(self._list)
-
     def as_tuple(self) -> tuple[NodeView, ...]:
         return tuple(self._list)
