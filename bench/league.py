@@ -30,7 +30,13 @@ Goal lines (issue 15's Must show), each PASS or MISS with figures:
   bound:    broker cost <= 1.01 x the fluid bound (10% error), 1.03 x (30% or none), at the
             four broker points
 A MISS whose goal no schedule could reach says so with the figure that shows it (a makespan below
-the fastest plan for the true work; a cost bound below the billed bound). Nothing is asserted.
+the fastest plan for the true work; a cost bound below the billed bound). A baseline that stopped
+with tasks left (BaTS when its budget runs out) is compared too: the broker, given what it spent
+as budget and the time it stopped as deadline, must finish every task within them. Where the
+broker missed the cost goal at a baseline's makespan, the baseline is run again, unchanged, on
+10 other draws of the bag, and the line says on how many its own fleet made that makespan (a
+deadline held at 90% confidence asks for more than a fleet that makes it on fewer than 9).
+Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -220,14 +226,56 @@ def _efficient_machine_count(inv) -> int:
 def second_round(first: list[Result]) -> list[Spec]:
     specs = []
     for r in first:
-        if r.spec.policy == "broker" or not r.complete:
+        if r.spec.policy == "broker" or r.error is not None or not math.isfinite(r.cost_usd):
             continue
+        # A baseline that stopped with work left (BaTS when its budget ran out) is still compared:
+        # the broker gets what it spent as a budget and the time it stopped as a deadline, and
+        # must finish the whole bag within them, which is more than the baseline did.
         base = replace(r.spec, policy="broker", peer=(), eta=None)
         specs.append(replace(base, label=f"vs {r.spec.label}: budget", goal_kind="budget",
                              goal_value=round(r.cost_usd, 4)))
         specs.append(replace(base, label=f"vs {r.spec.label}: deadline", goal_kind="deadline",
                              goal_value=round(r.makespan_s, 1)))
     return specs
+
+
+REDRAWS = 10  # other draws of the bag (seeds) a baseline's own makespan is checked on
+
+
+def redraw_round(first: list[Result], second: list[Result]) -> list[Spec]:
+    """The baselines whose makespan the broker, given it as its deadline, did not meet for at
+    most 1.01 x their cost: each is run again, unchanged, on ``REDRAWS`` other draws of the same
+    bag (seeds + 1 ...). How often its own fleet makes that makespan says what the deadline
+    asks: the broker holds a deadline at 90% confidence (issue 16), and a makespan the
+    baseline itself makes on fewer than 9 draws in 10 cannot be held at 90% on its fleet."""
+    by = {(r.spec.scenario, r.spec.label): r for r in second}
+    specs = []
+    for base in first:
+        if base.spec.policy == "broker" or not base.complete:
+            continue
+        d = by.get((base.spec.scenario, f"vs {base.spec.label}: deadline"))
+        if d is None or (d.complete and d.makespan_s <= base.makespan_s + 1e-6 and d.cost_usd <= 1.01 * base.cost_usd):
+            continue
+        specs += [replace(base.spec, seed=base.spec.seed + k, label=f"{base.spec.label} redraw {k}")
+                  for k in range(1, REDRAWS + 1)]
+    return specs
+
+
+def redraw_note(base: Result, results: list[Result]) -> str:
+    """How often the baseline, run unchanged on other draws of the bag, made its makespan."""
+    mine = [r for r in results if r.spec.scenario == base.spec.scenario
+            and r.spec.label.startswith(f"{base.spec.label} redraw ")]
+    if not mine:
+        return ""
+    made = sum(r.complete and r.makespan_s <= base.makespan_s + 1e-6 for r in mine)
+    seeds = sorted(r.spec.seed for r in mine)
+    text = (f"; the baseline itself, run unchanged on {len(mine)} other draws of the bag (seeds {seeds[0]}-{seeds[-1]}), "
+            f"made that makespan on {made} (its makespans {hours(min(r.makespan_s for r in mine))}-"
+            f"{hours(max(r.makespan_s for r in mine))})")
+    if made < 0.9 * len(mine):
+        text += (": held at 90% confidence, as the broker holds a deadline (issue 16), that makespan needs more "
+                 "than the baseline's fleet; the two goals conflict here")
+    return text
 
 
 def run_all(specs: list[Spec], jobs: int) -> list[Result]:
@@ -277,7 +325,8 @@ def bound_tolerance(scn: sc.LeagueScenario) -> float:
     return 1.01 if scn.error is not None and scn.error <= 0.1 else 1.03
 
 
-def report_scenario(scn: sc.LeagueScenario, b: Bounds, results: list[Result], goals: list[str]) -> None:
+def report_scenario(scn: sc.LeagueScenario, b: Bounds, results: list[Result], goals: list[str],
+                    redrawn: list[Result] = ()) -> None:
     inv = scn.inventory()
     mine = [r for r in results if r.spec.scenario == scn]
     by_label = {r.spec.label: r for r in mine}
@@ -305,10 +354,11 @@ def report_scenario(scn: sc.LeagueScenario, b: Bounds, results: list[Result], go
             continue
         at_budget = by_label.get(f"vs {label}: budget")
         at_deadline = by_label.get(f"vs {label}: deadline")
+        finished = base.complete  # an unfinished baseline's makespan is no makespan: no ratio to it
         rows.append([label, outcome(base), ratio(base.cost_usd, b.fluid(inv, base.makespan_s)),
-                     outcome(at_budget), ratio(at_budget.makespan_s, base.makespan_s) if at_budget else "-",
+                     outcome(at_budget), ratio(at_budget.makespan_s, base.makespan_s) if at_budget and finished else "-",
                      outcome(at_deadline), ratio(at_deadline.cost_usd, base.cost_usd) if at_deadline else "-"])
-        versus_goals(scn, b, base, at_budget, at_deadline, goals)
+        versus_goals(scn, b, base, at_budget, at_deadline, goals, redrawn)
     table(f"{scn.name}: baselines, and the broker given each one's cost as budget / makespan as deadline",
           ["baseline", "delivered", "cost/fluid", "broker @ its cost", "makespan ratio", "broker @ its makespan",
            "cost ratio"], rows)
@@ -334,10 +384,10 @@ def bound_goal(scn, r: Result, fluid: float, billed: float, goals: list[str]) ->
 
 
 def versus_goals(scn, b: Bounds, base: Result, at_budget: Result | None, at_deadline: Result | None,
-                 goals: list[str]) -> None:
+                 goals: list[str], redrawn: list[Result] = ()) -> None:
     name = f"{scn.name} vs {base.spec.label}"
     if not base.complete:
-        goals.append(f"MISS {name}: the baseline did not finish ({outcome(base)}); no comparison")
+        unfinished_goals(name, base, at_budget, at_deadline, goals)
         return
     if at_budget is not None:
         over = at_budget.cost_usd > base.cost_usd + 1e-6 or at_budget.max_committed_usd > base.cost_usd + 1e-6
@@ -364,7 +414,31 @@ def versus_goals(scn, b: Bounds, base: Result, at_budget: Result | None, at_dead
             if at_deadline.first_launch_s > 0:
                 line += (f"; the broker launched its first instance at {hours(at_deadline.first_launch_s)} "
                          f"(sampling {ControllerConfig().min_samples} runtimes on the private node first: no estimates)")
+        if not ok:
+            line += redraw_note(base, redrawn)
         goals.append(line)
+
+
+def unfinished_goals(name: str, base: Result, at_budget: Result | None, at_deadline: Result | None,
+                     goals: list[str]) -> None:
+    """A baseline that stopped with tasks left has no makespan to be compared with: the broker
+    passes if, given what the baseline spent as its budget (or the time it stopped as its
+    deadline), it finishes every task within that budget (by that time, for at most 1.01 x the
+    baseline's cost). That is the same information and more work than the baseline did."""
+    left = f"the baseline stopped with {base.tasks_total - base.tasks_done} tasks left ({outcome(base)})"
+    if at_budget is None and at_deadline is None:
+        goals.append(f"MISS {name}: {left}; the broker was not run against it")
+    if at_budget is not None:
+        over = at_budget.cost_usd > base.cost_usd + 1e-6 or at_budget.max_committed_usd > base.cost_usd + 1e-6
+        ok = at_budget.complete and not over
+        goals.append(f"{verdict(ok)} {name} at its cost {usd(base.cost_usd)}: {left}; broker {outcome(at_budget)}"
+                     + (", OVER BUDGET" if over else "") + ("" if at_budget.complete else ", not finished either"))
+    if at_deadline is not None:
+        met = at_deadline.complete and at_deadline.makespan_s <= base.makespan_s + 1e-6
+        ok = met and at_deadline.cost_usd <= 1.01 * base.cost_usd
+        goals.append(f"{verdict(ok)} {name} by the time it stopped, {hours(base.makespan_s)}: {left}; broker "
+                     f"{outcome(at_deadline)}, cost {at_deadline.cost_usd / base.cost_usd:.3f} x (goal <= 1.01)"
+                     + ("" if met else ", DEADLINE MISSED"))
 
 
 def sampled_first(r: Result) -> str:
@@ -450,9 +524,10 @@ def main(argv: list[str] | None = None) -> int:
     bounds = {s: bounds_for(s, args.seed) for s in scenarios}
     first = run_all([spec for s in scenarios for spec in first_round(s, bounds[s], args.seed)], args.jobs)
     second = run_all(second_round(first), args.jobs)
+    redrawn = run_all(redraw_round(first, second), args.jobs)
     goals: list[str] = []
     for s in scenarios:
-        report_scenario(s, bounds[s], first + second, goals)
+        report_scenario(s, bounds[s], first + second, goals, redrawn)
     listed: list[Result] = []
     if args.thesis_list or not (args.quick or args.only):
         listed = run_all(thesis_list_specs(args.seed, sc.THESIS_TASKS), args.jobs)
@@ -461,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     for g in goals:
         print(g)
     passed = sum(g.startswith("PASS") for g in goals)
-    print(f"\n{passed} of {len(goals)} goal lines PASS; {len(first) + len(second)} simulations in "
+    print(f"\n{passed} of {len(goals)} goal lines PASS; {len(first) + len(second) + len(redrawn)} simulations in "
           f"{time.perf_counter() - wall0:.0f} s wall (load average {os.getloadavg()[0]:.1f} at the end)")
     return 0
 
