@@ -254,10 +254,7 @@ def shed(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: Remai
     instances keeps the rest busy to the deadline (cutting every instance by a quantum
     would finish the same paid hours sooner, side by side, and miss the chosen point's
     makespan). Never below what is already paid, nor below the expected end of the
-    instance's running tasks, given how long each has run (``task_left_ref_s``: with the
-    unconditional mean, a long task of a heavy-tailed bag read as overdue, and its instance
-    was given back with it running: LM20 without estimates at point 1, 19 tasks killed at
-    releases, 27 ref-h of work lost)."""
+    instance's running tasks."""
     from ..plan.capacity import planning_quantum_s
 
     need = replace(rem, upper_ref_s=rem.upper_ref_s * (1.0 + h))
@@ -278,7 +275,8 @@ def shed(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: Remai
         t = snap.types[n.type_name]
         q = planning_quantum_s(t.billing, ctl.planner.options)
         floor = max(now, (n.paid_until_s if n.paid_until_s is not None else now) - margin)
-        busy = max((now + task_left_ref_s(n, r, now, rem) / n.speed for r in n.running), default=-math.inf)
+        busy = max((r.started_at_s + (r.estimate_ref_s or rem.mean_ref_s) / n.speed for r in n.running),
+                   default=-math.inf)
         at = n.release_at_s
         term = capacity_term(ctl, n, now, end, need, at)
         while True:
@@ -319,17 +317,11 @@ def running_work_finished(n: NodeView, now: float, stop: float, rem: RemainingWo
     ($198, 66 units; with this rule and ``last_chance_to_shorten``, $195)."""
     done = 0.0
     for r in n.running:
-        left = task_left_ref_s(n, r, now, rem)
+        elapsed = 0.0 if r.queued else max(0.0, now - r.started_at_s) * n.speed
+        left = residual_ref_s(r.estimate_ref_s, elapsed, rem.mean_ref_s, rem.sd_ref_s, rem.estimate_ratio)
         if now + left / n.speed <= stop:
             done += left
     return done
-
-
-def task_left_ref_s(n: NodeView, r, now: float, rem: RemainingWork) -> float:
-    """A running task's expected remaining work, given how long it has run (the conditional
-    residual ``remaining_work`` counts): a task that has outrun the mean is not about to end."""
-    elapsed = 0.0 if r.queued else max(0.0, now - r.started_at_s) * n.speed
-    return residual_ref_s(r.estimate_ref_s, elapsed, rem.mean_ref_s, rem.sd_ref_s, rem.estimate_ratio)
 
 
 def status_quo(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork) -> float | None:
