@@ -105,6 +105,7 @@ class Result:
     error: str | None = None
     first_launch_s: float = math.nan  # when the first instance was launched (after sampling, without estimates)
     planned_work_ref_s: float = math.nan  # the work's upper confidence value when the first plan was made
+    work_done_ref_s: float = math.nan  # the true runtimes of the tasks finished (a run that stopped short)
 
     @property
     def complete(self) -> bool:
@@ -123,15 +124,18 @@ def config_for(spec: Spec) -> ControllerConfig:
 def run(spec: Spec) -> Result:
     scn = spec.scenario
     try:
-        sim = Simulation(scn.inventory(), scn.workload(spec.seed), Goal(spec.goal_kind, spec.goal_value),
+        workload = scn.workload(spec.seed)
+        sim = Simulation(scn.inventory(), workload, Goal(spec.goal_kind, spec.goal_value),
                          config_for(spec), SimOptions(seed=spec.seed, max_virtual_s=MAX_VIRTUAL_S))
         r = sim.run()
+        done_ref_s = float(sum(workload.runtimes_ref_s[sim.index[t]] for t in r.completions))
     except Exception as exc:  # a failing run is a row, not the end of the report
         return Result(spec, error=f"{type(exc).__name__}: {exc}")
     return Result(spec, r.makespan_s, r.cost_usd, r.max_committed_usd, r.tasks_done, r.tasks_total,
                   r.instances_launched, r.sim_wall_s, first_launch_s=min((t for t, _, _ in r.fleet_changes),
                                                                           default=math.nan),
-                  planned_work_ref_s=math.nan if r.planned_work_ref_s is None else r.planned_work_ref_s)
+                  planned_work_ref_s=math.nan if r.planned_work_ref_s is None else r.planned_work_ref_s,
+                  work_done_ref_s=done_ref_s)
 
 
 # -- bounds --------------------------------------------------------------------------------------
@@ -432,13 +436,24 @@ def unfinished_goals(name: str, base: Result, at_budget: Result | None, at_deadl
         over = at_budget.cost_usd > base.cost_usd + 1e-6 or at_budget.max_committed_usd > base.cost_usd + 1e-6
         ok = at_budget.complete and not over
         goals.append(f"{verdict(ok)} {name} at its cost {usd(base.cost_usd)}: {left}; broker {outcome(at_budget)}"
-                     + (", OVER BUDGET" if over else "") + ("" if at_budget.complete else ", not finished either"))
+                     + (", OVER BUDGET" if over else "") + ("" if at_budget.complete else ", not finished either"
+                                                           + work_done(at_budget, base)))
     if at_deadline is not None:
         met = at_deadline.complete and at_deadline.makespan_s <= base.makespan_s + 1e-6
         ok = met and at_deadline.cost_usd <= 1.01 * base.cost_usd
         goals.append(f"{verdict(ok)} {name} by the time it stopped, {hours(base.makespan_s)}: {left}; broker "
                      f"{outcome(at_deadline)}, cost {at_deadline.cost_usd / base.cost_usd:.3f} x (goal <= 1.01)"
                      + ("" if met else ", DEADLINE MISSED"))
+
+
+def work_done(r: Result, base: Result) -> str:
+    """Of two runs that stopped short, which did more of the bag: the true runtimes of the tasks
+    each finished (tasks left alone mislead on a heavy-tailed bag, where one run may leave
+    more tasks and less work)."""
+    if not (math.isfinite(r.work_done_ref_s) and math.isfinite(base.work_done_ref_s) and base.work_done_ref_s > 0):
+        return ""
+    return (f"; it finished {r.work_done_ref_s / 3600:,.1f} ref-h of the bag's work, the baseline "
+            f"{base.work_done_ref_s / 3600:,.1f} ({(r.work_done_ref_s / base.work_done_ref_s - 1) * 100:+.1f}%)")
 
 
 def sampled_first(r: Result) -> str:

@@ -48,6 +48,18 @@ def test_unfinished_baseline_the_broker_must_finish_within_budget_and_time():
     assert goals[0].startswith("MISS") and "OVER BUDGET" in goals[0]
 
 
+def test_two_runs_that_stopped_short_are_told_apart_by_the_work_they_finished():
+    # a heavy-tailed bag: the broker left more tasks (164 against 106) but finished more of the
+    # work; the line says so, and the verdict stays MISS (the bag was not finished)
+    from dataclasses import replace
+
+    base = replace(_result("BaTS (knee cost)", "bats", 1894, 6.61, 18.86), work_done_ref_s=503.8 * 3600)
+    broker = replace(_result("b", "broker", 1836, 5.80, 18.85), work_done_ref_s=517.3 * 3600)
+    goals = []
+    league.unfinished_goals("x", base, broker, None, goals)
+    assert goals[0].startswith("MISS") and "517.3 ref-h of the bag's work, the baseline 503.8 (+2.7%)" in goals[0]
+
+
 def test_a_failed_baseline_run_is_not_compared():
     base = league.Result(league.Spec(SCN, "BaTS (knee cost)", "bats"), error="RuntimeError: boom")
     assert league.second_round([base]) == []
