@@ -64,3 +64,28 @@ def test_a_failed_baseline_run_is_not_compared():
     base = league.Result(league.Spec(SCN, "BaTS (knee cost)", "bats"), error="RuntimeError: boom")
     assert league.second_round([base]) == []
     assert math.isnan(base.cost_usd)
+
+
+def test_a_baseline_that_quit_before_the_bag_could_be_done_is_unreachable_by_its_stop_time():
+    # BaTS S4-1 at the knee's budget quit after its sampling hour (0.92 h); no plan finishes the
+    # whole bag before 3.87 h: the line says so rather than reading as a plain miss
+    base = _result("BaTS (knee cost)", "bats", 97, 0.92, 93.0)
+    goals = []
+    league.unfinished_goals("x", base, None, _result("d", "broker", 2000, 4.04, 2400.0), goals, fastest_s=3.87 * 3600)
+    assert goals[0].startswith("MISS") and "unreachable as posed" in goals[0] and "3.87h" in goals[0]
+    goals = []
+    league.unfinished_goals("x", base, None, _result("d", "broker", 2000, 4.04, 2400.0), goals, fastest_s=0.5 * 3600)
+    assert "unreachable" not in goals[0]
+
+
+def test_bats_runs_at_the_knee_cost_and_at_twice_the_cost_floor():
+    class B:  # the two figures bats_budget reads
+        floor_usd = 743.93
+
+        class knee:
+            cost_usd = 765.0
+
+    assert league.bats_budget("BaTS (knee cost)", B) == 765.0
+    assert league.bats_budget("BaTS (2 x cost floor)", B) == 2 * 743.93
+    labels = [label for label, policy, _ in league.BASELINES if policy == "bats"]
+    assert labels == ["BaTS (knee cost)", "BaTS (2 x cost floor)"]
