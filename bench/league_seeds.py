@@ -40,7 +40,7 @@ def one(job: tuple[str, str, str, int]) -> dict:
     r = league.run(spec)
     met = r.complete and (spec.goal_kind != "deadline" or r.makespan_s <= spec.goal_value + 1e-6)
     met = met and (spec.goal_kind != "budget" or r.max_committed_usd <= spec.goal_value + 1e-6)
-    return {"name": name, "label": label, "seed": seed, "cost": r.cost_usd, "error": r.error,
+    return {"name": name, "label": label, "seed": seed, "cost": r.cost_usd, "error": r.error, "h": r.makespan_s / 3600,
             "x_fluid": r.cost_usd / b.fluid(scn.inventory(), r.makespan_s), "met": bool(met)}
 
 
@@ -57,8 +57,9 @@ def run_here(root: str, names: list[str], points: list[str], seeds: int, jobs: i
 def summary(rows: list[dict]) -> dict[tuple[str, str], dict]:
     out: dict[tuple[str, str], dict] = {}
     for r in rows:
-        g = out.setdefault((r["name"], r["label"]), {"cost": 0.0, "x": [], "met": 0, "n": 0, "by_seed": {}})
+        g = out.setdefault((r["name"], r["label"]), {"cost": 0.0, "h": 0.0, "x": [], "met": 0, "n": 0, "by_seed": {}})
         g["cost"] += r["cost"]
+        g["h"] += r["h"]
         g["x"].append(r["x_fluid"])
         g["met"] += r["met"]
         g["n"] += 1
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         other = summary(json.loads(subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout))
     here = summary(rows)
     print(f"command: python3 bench/league_seeds.py {' '.join(sys.argv[1:] if argv is None else argv)}".rstrip())
-    print(f"seeds 1-{args.seeds}; cost: total over the seeds; x fluid: mean cost / fluid bound at the delivered "
+    print(f"seeds 1-{args.seeds}; cost and makespan: totals over the seeds; x fluid: mean cost / fluid bound at the delivered "
           f"makespan; met: goal met (deadline, or finished within the budget)")
     if other is not None:
         print(f"A = {os.path.abspath(args.against)}, B = this checkout ({root})")
@@ -107,13 +108,14 @@ def main(argv: list[str] | None = None) -> int:
         mean_x = sum(g["x"]) / len(g["x"])
         line = f"{name:20s} {label:19s} "
         if other is None:
-            line += f"cost ${g['cost']:9.2f}  x fluid {mean_x:.4f}  met {g['met']}/{g['n']}"
+            line += f"cost ${g['cost']:9.2f}  makespan {g['h']:7.2f}h  x fluid {mean_x:.4f}  met {g['met']}/{g['n']}"
         else:
             a = other[(name, label)]
             mean_a = sum(a["x"]) / len(a["x"])
             cheaper = sum(g["by_seed"][s] < a["by_seed"][s] - 1e-9 for s in g["by_seed"])
             dearer = sum(g["by_seed"][s] > a["by_seed"][s] + 1e-9 for s in g["by_seed"])
             line += (f"cost ${a['cost']:9.2f} -> ${g['cost']:9.2f} ({(g['cost'] / a['cost'] - 1) * 100:+.2f}%)  "
+                     f"makespan {a['h']:.2f} -> {g['h']:.2f}h ({(g['h'] / a['h'] - 1) * 100:+.2f}%)  "
                      f"x fluid {mean_a:.4f} -> {mean_x:.4f}  met {a['met']} -> {g['met']} of {g['n']}  "
                      f"cheaper on {cheaper}, dearer on {dearer}")
         print(line)

@@ -217,7 +217,7 @@ def solve_plain(ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem
     if not launches:  # the current fleet (and private nodes) only
         pin = replace(pin, types=tuple(replace(t, limit=0) for t in pin.types))
     deadline_s = (memory.deadline_at_s or math.inf) - now
-    return ctl.planner.cheapest_by(pin, deadline_s)
+    return ctl.planner.cheapest_by(pin, deadline_s, late_slack_s=ctl.config.min_replan_gap_s)
 
 
 def solve_budget(planner, ctl: Controller, snap: Snapshot, memory: Memory, now: float, rem: RemainingWork,
