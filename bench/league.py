@@ -415,11 +415,8 @@ def versus_goals(scn, b: Bounds, base: Result, at_budget: Result | None, at_dead
                         f"{usd(b.floor_usd)} (the true work on the most efficient machine, no allowance)"
                         + promisable(b, base.cost_usd, at_budget) + sampled_first(at_budget)))
     if at_deadline is not None:
-        met = at_deadline.complete and at_deadline.makespan_s <= base.makespan_s + 1e-6
-        ok = met and at_deadline.cost_usd <= 1.01 * base.cost_usd
-        line = (f"{verdict(ok)} {name} at its makespan {hours(base.makespan_s)}: broker {outcome(at_deadline)}, "
-                f"cost {at_deadline.cost_usd / base.cost_usd:.3f} x (goal <= 1.01)"
-                + ("" if met else ", DEADLINE MISSED"))
+        met, ok, said = deadline_verdict(base, at_deadline)
+        line = f"{verdict(ok)} {name} at its makespan {hours(base.makespan_s)}: {said}"
         if not met and base.makespan_s < b.fastest_s * 1.02:
             line += (f"; the baseline's makespan is within 2% of the fastest plan for the true work "
                      f"({hours(b.fastest_s)}), below what a plan at confidence can promise")
@@ -433,6 +430,15 @@ def versus_goals(scn, b: Bounds, base: Result, at_budget: Result | None, at_dead
         if not ok:
             line += redraw_note(base, redrawn)
         goals.append(line)
+
+
+def deadline_verdict(base: Result, d: Result) -> tuple[bool, bool, str]:
+    """The broker given the baseline's makespan (or stop time) as its deadline: whether it met
+    it, whether it also cost at most 1.01 x the baseline, and the line's figures."""
+    met = d.complete and d.makespan_s <= base.makespan_s + 1e-6
+    ok = met and d.cost_usd <= 1.01 * base.cost_usd
+    return met, ok, (f"broker {outcome(d)}, cost {d.cost_usd / base.cost_usd:.3f} x (goal <= 1.01)"
+                     + ("" if met else ", DEADLINE MISSED"))
 
 
 def unfinished_goals(name: str, base: Result, at_budget: Result | None, at_deadline: Result | None,
@@ -451,11 +457,8 @@ def unfinished_goals(name: str, base: Result, at_budget: Result | None, at_deadl
                      + (", OVER BUDGET" if over else "") + ("" if at_budget.complete else ", not finished either"
                                                            + work_done(at_budget, base)))
     if at_deadline is not None:
-        met = at_deadline.complete and at_deadline.makespan_s <= base.makespan_s + 1e-6
-        ok = met and at_deadline.cost_usd <= 1.01 * base.cost_usd
-        line = (f"{verdict(ok)} {name} by the time it stopped, {hours(base.makespan_s)}: {left}; broker "
-                f"{outcome(at_deadline)}, cost {at_deadline.cost_usd / base.cost_usd:.3f} x (goal <= 1.01)"
-                + ("" if met else ", DEADLINE MISSED"))
+        _, ok, said = deadline_verdict(base, at_deadline)
+        line = f"{verdict(ok)} {name} by the time it stopped, {hours(base.makespan_s)}: {left}; {said}"
         if not ok and base.makespan_s < fastest_s:
             line += (f"; unreachable as posed: the baseline stopped before the fastest plan for the whole bag "
                      f"could finish it ({hours(fastest_s)})")
