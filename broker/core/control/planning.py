@@ -148,8 +148,8 @@ class FleetPlanner:
         """Rule "a passed deadline buys the soonest end, not every last second of it".
 
         Once the deadline has passed, the cheapest plan that ends within ``slack_s`` (the
-        controller's shortest re-plan gap, 5 minutes: no sooner than it can act again) of the
-        fastest plan's end. The fastest plan spreads what is left over every machine the
+        controller's shortest re-plan gap, 5 minutes, at most 5% of the deadline:
+        ``replan.late_slack_s``) of the fastest plan's end. The fastest plan spreads what is left over every machine the
         limits allow, each bought a whole billing unit: thesis LM20 (10,000 tasks, estimates
         within 10%) planned without its promise at the knee's 6.00 h ended its fleet at the
         deadline with 986 small tasks, 6 reference-hours, left; the fastest plan launched 76
